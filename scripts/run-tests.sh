@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs every siwx test: installs what is missing, then
+#  1. a g++ build with warnings as errors: all CTest labels except fuzz;
+#  2. a clang ASan+UBSan build with the libFuzzer targets: every label,
+#     fuzzing each target for SIWX_FUZZ_SECONDS (default 60).
+# Build settings live in CMakePresets.json. Exits non-zero on the first failure.
+set -euo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+cd "$top"
+
+scripts/install-deps.sh
+
+jobs=$(nproc)
+
+echo "== build/release (g++, -Werror)"
+cmake --preset release >/dev/null
+ninja -C build/release -j"$jobs"
+(cd build/release && ctest -j"$jobs" --output-on-failure -LE fuzz)
+
+echo "== build/asan (clang, ASan+UBSan, libFuzzer)"
+cmake --preset asan >/dev/null
+ninja -C build/asan -j"$jobs"
+(cd build/asan && ctest -j"$jobs" --output-on-failure)
