@@ -1,0 +1,100 @@
+#include "common/engine/completion.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace siwx::engine {
+
+std::string_view WcStatusName(WcStatus status) {
+  switch (status) {
+    case WcStatus::kSuccess: return "success";
+    case WcStatus::kLocLenErr: return "local length error";
+    case WcStatus::kLocQpOpErr: return "local QP operation error";
+    case WcStatus::kLocEecOpErr: return "local EE context operation error";
+    case WcStatus::kLocProtErr: return "local protection error";
+    case WcStatus::kWrFlushErr: return "work request flushed";
+    case WcStatus::kMwBindErr: return "memory window bind error";
+    case WcStatus::kBadRespErr: return "bad response error";
+    case WcStatus::kLocAccessErr: return "local access error";
+    case WcStatus::kRemInvReqErr: return "remote invalid request error";
+    case WcStatus::kRemAccessErr: return "remote access error";
+    case WcStatus::kRemOpErr: return "remote operation error";
+    case WcStatus::kRetryExcErr: return "retry count exceeded";
+    case WcStatus::kRnrRetryExcErr: return "RNR retry count exceeded";
+    case WcStatus::kLocRddViolErr: return "local RDD violation error";
+    case WcStatus::kRemInvRdReqErr: return "remote invalid RD request";
+    case WcStatus::kRemAbortErr: return "remote abort error";
+    case WcStatus::kInvEecnErr: return "invalid EE context number";
+    case WcStatus::kInvEecStateErr: return "invalid EE context state";
+    case WcStatus::kFatalErr: return "fatal error";
+    case WcStatus::kRespTimeoutErr: return "response timeout error";
+    case WcStatus::kGeneralErr: return "general error";
+  }
+  return "unknown";
+}
+
+std::unique_ptr<CompletionQueue> CompletionQueue::Create(std::uint32_t capacity,
+                                                         Callbacks callbacks) {
+  if (capacity == 0 || capacity > kMaxCapacity) return nullptr;
+  return std::unique_ptr<CompletionQueue>(new CompletionQueue(capacity, std::move(callbacks)));
+}
+
+CompletionQueue::CompletionQueue(std::uint32_t capacity, Callbacks callbacks)
+    : capacity_(capacity), callbacks_(std::move(callbacks)), ring_(capacity) {}
+
+PushStatus CompletionQueue::Push(const WorkCompletion& wc, bool solicited) {
+  bool notify = false;
+  bool report_error = false;
+  PushStatus status = PushStatus::kOk;
+  {
+    std::lock_guard lock(mutex_);
+    const std::size_t count = count_.load(std::memory_order_relaxed);
+    if (in_error_.load(std::memory_order_relaxed)) {
+      status = PushStatus::kInError;
+    } else if (count == capacity_) {
+      in_error_.store(true, std::memory_order_release);
+      report_error = true;
+      status = PushStatus::kOverflow;
+    } else {
+      ring_[(head_ + count) % capacity_] = wc;
+      count_.store(count + 1, std::memory_order_release);
+      const bool counts_as_solicited = solicited || wc.status != WcStatus::kSuccess;
+      if (arm_ == CqArm::kNextCompletion ||
+          (arm_ == CqArm::kSolicited && counts_as_solicited)) {
+        arm_ = CqArm::kNone;  // one notification per arm
+        notify = true;
+      }
+    }
+  }
+  // Outside the lock: the callbacks may poll or re-arm.
+  if (report_error && callbacks_.on_async_event) callbacks_.on_async_event(CqEvent::kCqError);
+  if (notify && callbacks_.on_completion) callbacks_.on_completion();
+  return status;
+}
+
+std::size_t CompletionQueue::Poll(std::span<WorkCompletion> out) {
+  // Lock-free fast path: a Push racing with this load is simply ordered after
+  // this Poll, which is what a caller polling an empty CQ can observe anyway.
+  if (out.empty() || count_.load(std::memory_order_acquire) == 0) return 0;
+  std::lock_guard lock(mutex_);
+  const std::size_t count = count_.load(std::memory_order_relaxed);
+  const std::size_t n = std::min(out.size(), count);
+  for (std::size_t i = 0; i < n; ++i) {
+    out[i] = ring_[head_];
+    head_ = (head_ + 1) % capacity_;
+  }
+  count_.store(count - n, std::memory_order_release);
+  return n;
+}
+
+void CompletionQueue::Arm(CqArm arm) {
+  std::lock_guard lock(mutex_);
+  if (arm == CqArm::kNone || arm > arm_) arm_ = arm;  // widen, never narrow
+}
+
+CqArm CompletionQueue::arm() const {
+  std::lock_guard lock(mutex_);
+  return arm_;
+}
+
+}  // namespace siwx::engine

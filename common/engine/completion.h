@@ -1,0 +1,171 @@
+// Work completions and the completion queue.
+//
+// WorkCompletion mirrors struct ibv_wc field by field, in host order. The
+// numeric values of WcStatus, WcOpcode and the WcFlags bits equal those of
+// enum ibv_wc_status, ibv_wc_opcode and ibv_wc_flags, so the provider can cast
+// them; common/ cannot include verbs.h, so the provider static_asserts this.
+//
+// CompletionQueue is a bounded ring of `capacity` entries.
+//  - Producers (the progress thread, and application threads that complete
+//    work inline) call Push from any thread.
+//  - Consumers call Poll for a batch. An empty CQ is detected with one atomic
+//    load and no lock.
+//  - Overflow: a Push into a full ring stores nothing, puts the CQ in error
+//    and reports kCqError once through the async-event callback
+//    (IBV_EVENT_CQ_ERR). Completions are never overwritten; every later Push
+//    is refused too, since the consumer has already lost one (RFC 5042 6.4.6:
+//    an overflow must not hurt streams that do not use this CQ, which is why
+//    the CQ, not the whole device, goes to error).
+//  - Arming (ibv_req_notify_cq): Arm(kNextCompletion) fires the completion
+//    callback for the next pushed entry; Arm(kSolicited) only for the next
+//    entry that is solicited or unsuccessful. One arm gives at most one
+//    notification; arming for "next" while armed for "solicited" widens the
+//    arm, never narrows it. Entries already queued do not fire.
+//  - Both callbacks run on the pushing thread after the lock is released, so
+//    they may poll or re-arm this CQ. They must not block for long.
+//
+// Locking: `mutex_` guards the ring indices, the entries and the arm state.
+// `count_` mirrors the number of queued entries for the lock-free empty
+// check; it is written only under `mutex_`. `in_error_` is written under
+// `mutex_` and may be read without it.
+//
+// Not here yet: resize (ibv_resize_cq) and removing the entries of a
+// destroyed QP.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string_view>
+#include <vector>
+
+namespace siwx::engine {
+
+// Values equal enum ibv_wc_status.
+enum class WcStatus : std::uint32_t {
+  kSuccess = 0,
+  kLocLenErr = 1,
+  kLocQpOpErr = 2,
+  kLocEecOpErr = 3,
+  kLocProtErr = 4,
+  kWrFlushErr = 5,
+  kMwBindErr = 6,
+  kBadRespErr = 7,
+  kLocAccessErr = 8,
+  kRemInvReqErr = 9,
+  kRemAccessErr = 10,
+  kRemOpErr = 11,
+  kRetryExcErr = 12,
+  kRnrRetryExcErr = 13,
+  kLocRddViolErr = 14,
+  kRemInvRdReqErr = 15,
+  kRemAbortErr = 16,
+  kInvEecnErr = 17,
+  kInvEecStateErr = 18,
+  kFatalErr = 19,
+  kRespTimeoutErr = 20,
+  kGeneralErr = 21,
+};
+
+// Values equal enum ibv_wc_opcode.
+enum class WcOpcode : std::uint32_t {
+  kSend = 0,
+  kRdmaWrite = 1,
+  kRdmaRead = 2,
+  kCompSwap = 3,
+  kFetchAdd = 4,
+  kBindMw = 5,
+  kLocalInv = 6,
+  kRecv = 1u << 7,  // receive completions have this bit set
+  kRecvRdmaWithImm = (1u << 7) + 1,
+};
+
+// Bits equal enum ibv_wc_flags.
+enum WcFlags : std::uint32_t {
+  kWcWithImm = 1u << 1,  // IBV_WC_WITH_IMM
+  kWcWithInv = 1u << 3,  // IBV_WC_WITH_INV: the Send invalidated invalidated_rkey
+};
+
+struct WorkCompletion {
+  std::uint64_t wr_id = 0;
+  WcStatus status = WcStatus::kSuccess;
+  WcOpcode opcode = WcOpcode::kSend;
+  std::uint32_t vendor_err = 0;
+  std::uint32_t byte_len = 0;
+  std::uint32_t imm_data = 0;          // host order; valid with kWcWithImm
+  std::uint32_t invalidated_rkey = 0;  // valid with kWcWithInv
+  std::uint32_t qp_num = 0;
+  std::uint32_t src_qp = 0;
+  std::uint32_t wc_flags = 0;          // WcFlags bits
+};
+
+std::string_view WcStatusName(WcStatus status);
+
+enum class CqArm : std::uint8_t {
+  kNone = 0,
+  kSolicited,       // ibv_req_notify_cq(cq, 1)
+  kNextCompletion,  // ibv_req_notify_cq(cq, 0)
+};
+
+enum class CqEvent : std::uint8_t {
+  kCqError,  // IBV_EVENT_CQ_ERR: the ring overflowed
+};
+
+enum class PushStatus : std::uint8_t {
+  kOk = 0,
+  kOverflow,  // this push found the ring full; the CQ is now in error
+  kInError,   // the CQ was already in error; nothing stored
+};
+
+class CompletionQueue {
+ public:
+  // Entries an engine CQ may hold (a sanity bound; the provider advertises
+  // its own max_cqe not above this).
+  static constexpr std::uint32_t kMaxCapacity = 1u << 20;
+
+  struct Callbacks {
+    std::function<void()> on_completion;       // an armed notification fired
+    std::function<void(CqEvent)> on_async_event;
+  };
+
+  // nullptr if capacity is 0 or above kMaxCapacity.
+  static std::unique_ptr<CompletionQueue> Create(std::uint32_t capacity, Callbacks callbacks);
+
+  CompletionQueue(const CompletionQueue&) = delete;
+  CompletionQueue& operator=(const CompletionQueue&) = delete;
+
+  // `solicited` is true for a receive completion of a message with the
+  // Solicited Event bit set (RFC 5040 Send with SE). Unsuccessful
+  // completions count as solicited on their own (ibv_req_notify_cq(3)).
+  PushStatus Push(const WorkCompletion& wc, bool solicited = false);
+
+  // Moves up to out.size() of the oldest entries into `out`; returns how many.
+  std::size_t Poll(std::span<WorkCompletion> out);
+
+  // ibv_req_notify_cq. kNone disarms.
+  void Arm(CqArm arm);
+
+  std::uint32_t capacity() const { return capacity_; }
+  std::size_t size() const { return count_.load(std::memory_order_acquire); }
+  bool in_error() const { return in_error_.load(std::memory_order_acquire); }
+  CqArm arm() const;
+
+ private:
+  CompletionQueue(std::uint32_t capacity, Callbacks callbacks);
+
+  const std::uint32_t capacity_;
+  const Callbacks callbacks_;
+
+  mutable std::mutex mutex_;
+  std::vector<WorkCompletion> ring_;  // guarded by mutex_; capacity_ entries
+  std::uint32_t head_ = 0;            // guarded by mutex_; oldest entry
+  CqArm arm_ = CqArm::kNone;          // guarded by mutex_
+  std::atomic<std::size_t> count_{0};  // written under mutex_
+  std::atomic<bool> in_error_{false};  // written under mutex_
+};
+
+}  // namespace siwx::engine

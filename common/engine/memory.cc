@@ -1,0 +1,239 @@
+#include "common/engine/memory.h"
+
+#include <sys/random.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <limits>
+#include <mutex>
+#include <utility>
+
+namespace siwx::engine {
+namespace {
+
+constexpr std::uint64_t kU64Max = std::numeric_limits<std::uint64_t>::max();
+
+// Fills `out` from the kernel CSPRNG. getrandom(2) with flags 0 blocks only
+// until the pool is initialised at boot; small requests are not split unless
+// a signal interrupts, which we retry.
+bool FillRandom(std::uint8_t* out, std::size_t size) {
+  std::size_t done = 0;
+  while (done < size) {
+    const ssize_t n = getrandom(out + done, size - done, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+}  // namespace
+
+RegionRef::RegionRef(std::shared_ptr<MemoryRegion> region) : region_(std::move(region)) {
+  // Called under MemoryTable::mutex_ (shared), so Deregister, which unpublishes
+  // under the exclusive lock, sees this count before it starts waiting.
+  region_->users_.fetch_add(1, std::memory_order_relaxed);
+}
+
+RegionRef& RegionRef::operator=(RegionRef&& other) noexcept {
+  if (this != &other) {
+    Release();
+    region_ = std::move(other.region_);
+  }
+  return *this;
+}
+
+void RegionRef::Release() {
+  if (!region_) return;
+  // Release order: the holder's copies into the buffer happen before a
+  // Deregister that observes the count reach zero.
+  if (region_->users_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    region_->users_.notify_all();
+  }
+  // The shared_ptr keeps the atomic alive until after notify_all returned.
+  region_.reset();
+}
+
+MemoryTable::MemoryTable() : MemoryTable(Options{}) {}
+
+MemoryTable::MemoryTable(Options options)
+    : max_regions_(std::clamp<std::uint32_t>(options.max_regions, 1, kMaxStagIndex)),
+      reuse_delay_(options.reuse_delay),
+      key_source_(std::move(options.key_source)) {
+  slots_.resize(1);  // index 0 is never used
+}
+
+MemoryTable::~MemoryTable() = default;
+
+PdId MemoryTable::AllocatePd() {
+  std::unique_lock lock(mutex_);
+  if (next_pd_ == kNoPd) return kNoPd;  // the counter wrapped: ids are not reused
+  const PdId pd = next_pd_++;
+  pd_regions_.emplace(pd, 0);
+  return pd;
+}
+
+PdStatus MemoryTable::DeallocatePd(PdId pd) {
+  std::unique_lock lock(mutex_);
+  const auto it = pd_regions_.find(pd);
+  if (it == pd_regions_.end()) return PdStatus::kInvalidPd;
+  if (it->second != 0) return PdStatus::kBusy;
+  pd_regions_.erase(it);
+  return PdStatus::kOk;
+}
+
+std::optional<std::uint8_t> MemoryTable::NextKey() {
+  if (key_source_) return key_source_();
+  if (random_left_ == 0) {
+    if (!FillRandom(random_pool_, sizeof(random_pool_))) return std::nullopt;
+    random_left_ = sizeof(random_pool_);
+  }
+  const std::uint8_t key = random_pool_[--random_left_];
+  random_pool_[random_left_] = 0;  // used randomness is not kept around
+  return key;
+}
+
+RegisterResult MemoryTable::Register(PdId pd, std::uint64_t iova, std::uint64_t length,
+                                     std::uintptr_t host_address, AccessFlags access) {
+  if (HasAny(access, ~kAllAccessFlags)) return {RegisterStatus::kInvalidAccess, 0};
+  // ibv_reg_mr(3): remote write or remote atomic requires local write.
+  if (HasAny(access, AccessFlags::kRemoteWrite | AccessFlags::kRemoteAtomic) &&
+      !HasAll(access, AccessFlags::kLocalWrite)) {
+    return {RegisterStatus::kInvalidAccess, 0};
+  }
+  if (length == 0) return {RegisterStatus::kInvalidLength, 0};
+  if (length - 1 > std::numeric_limits<std::uintptr_t>::max() - host_address) {
+    return {RegisterStatus::kInvalidLength, 0};
+  }
+  const bool zero_based = HasAll(access, AccessFlags::kZeroBased);
+  if (!zero_based && length - 1 > kU64Max - iova) return {RegisterStatus::kInvalidLength, 0};
+
+  std::unique_lock lock(mutex_);
+  const auto pd_it = pd_regions_.find(pd);
+  if (pd_it == pd_regions_.end()) return {RegisterStatus::kInvalidPd, 0};
+
+  const std::size_t used = slots_.size() - 1;
+  const bool can_grow = used < max_regions_;
+  const bool reuse = !free_indices_.empty() && (free_indices_.size() >= reuse_delay_ || !can_grow);
+  if (!reuse && !can_grow) return {RegisterStatus::kNoResources, 0};
+
+  std::optional<std::uint8_t> key = NextKey();
+  if (!key) return {RegisterStatus::kNoRandomness, 0};
+
+  std::uint32_t index;
+  if (reuse) {
+    index = free_indices_.front();
+    const Slot& slot = slots_[index];
+    if (slot.ever_used && *key == slot.last_key) {
+      // Never hand out the previous STag of this index again: move to one of
+      // the other 255 keys, chosen by a second draw.
+      const std::optional<std::uint8_t> step = NextKey();
+      if (!step) return {RegisterStatus::kNoRandomness, 0};
+      *key = static_cast<std::uint8_t>(*key + 1 + (*step % 255));
+    }
+    free_indices_.pop_front();
+  } else {
+    index = static_cast<std::uint32_t>(slots_.size());
+    slots_.emplace_back();
+  }
+
+  const std::uint32_t stag = MakeStag(index, *key);
+  Slot& slot = slots_[index];
+  slot.region = std::make_shared<MemoryRegion>(stag, pd, access, iova, length, host_address);
+  slot.last_key = *key;
+  slot.ever_used = true;
+  ++pd_it->second;
+  ++region_count_;
+  return {RegisterStatus::kOk, stag};
+}
+
+std::shared_ptr<MemoryRegion> MemoryTable::FindLocked(std::uint32_t stag) const {
+  const std::uint32_t index = StagIndex(stag);
+  if (index == 0 || index >= slots_.size()) return nullptr;
+  const std::shared_ptr<MemoryRegion>& region = slots_[index].region;
+  if (!region || region->stag_ != stag) return nullptr;
+  return region;
+}
+
+DeregisterStatus MemoryTable::Deregister(std::uint32_t stag) {
+  std::shared_ptr<MemoryRegion> region;
+  {
+    std::unique_lock lock(mutex_);
+    region = FindLocked(stag);
+    if (!region) return DeregisterStatus::kInvalidStag;
+    const std::uint32_t index = StagIndex(stag);
+    slots_[index].region.reset();
+    free_indices_.push_back(index);
+    const auto pd_it = pd_regions_.find(region->pd_);
+    if (pd_it != pd_regions_.end() && pd_it->second > 0) --pd_it->second;
+    --region_count_;
+    // Holders that re-check validity between segments stop early.
+    region->valid_.store(false, std::memory_order_release);
+  }
+  // No new RegionRef can appear now; wait for the ones taken before.
+  for (std::uint32_t users = region->users_.load(std::memory_order_acquire); users != 0;
+       users = region->users_.load(std::memory_order_acquire)) {
+    region->users_.wait(users, std::memory_order_acquire);
+  }
+  return DeregisterStatus::kOk;
+}
+
+AccessCheckResult MemoryTable::Check(std::uint32_t stag, PdId qp_pd, AccessKind kind,
+                                     std::uint64_t to, std::uint64_t length) const {
+  AccessCheckResult result;
+  // Zero-length accesses touch no memory and are not checked (file comment).
+  if (length == 0) {
+    result.status = AccessStatus::kOk;
+    return result;
+  }
+  std::shared_lock lock(mutex_);
+  std::shared_ptr<MemoryRegion> region = FindLocked(stag);
+  if (!region) {
+    result.status = AccessStatus::kInvalidStag;
+  } else if (region->pd_ != qp_pd) {
+    result.status = AccessStatus::kPdMismatch;
+  } else if (!region->valid_.load(std::memory_order_acquire)) {
+    result.status = AccessStatus::kInvalidated;
+  } else if (!HasAll(region->access_, RequiredFlags(kind))) {
+    result.status = AccessStatus::kAccessViolation;
+  } else if (length - 1 > kU64Max - to) {
+    result.status = AccessStatus::kToWrap;
+  } else if (to < region->base_to() || length > region->length_ ||
+             to - region->base_to() > region->length_ - length) {
+    result.status = AccessStatus::kBaseOrBounds;
+  } else {
+    result.status = AccessStatus::kOk;
+    result.region = RegionRef(std::move(region));  // counted while the lock is held
+  }
+  return result;
+}
+
+InvalidateStatus MemoryTable::Invalidate(std::uint32_t stag, PdId qp_pd, bool remote) {
+  // Invalidation changes no slot, only the region's own atomic flag.
+  std::shared_lock lock(mutex_);
+  const std::shared_ptr<MemoryRegion> region = FindLocked(stag);
+  if (!region) return InvalidateStatus::kInvalidStag;
+  if (region->pd_ != qp_pd) return InvalidateStatus::kPdMismatch;
+  if (remote && !HasAny(region->access_, kRemoteAccessFlags)) {
+    return InvalidateStatus::kCannotInvalidate;
+  }
+  region->valid_.store(false, std::memory_order_release);
+  return InvalidateStatus::kOk;
+}
+
+InvalidateStatus MemoryTable::InvalidateLocal(std::uint32_t stag, PdId qp_pd) {
+  return Invalidate(stag, qp_pd, /*remote=*/false);
+}
+
+InvalidateStatus MemoryTable::InvalidateRemote(std::uint32_t stag, PdId qp_pd) {
+  return Invalidate(stag, qp_pd, /*remote=*/true);
+}
+
+std::size_t MemoryTable::region_count() const {
+  std::shared_lock lock(mutex_);
+  return region_count_;
+}
+
+}  // namespace siwx::engine

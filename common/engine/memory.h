@@ -1,0 +1,260 @@
+// Protection domains, memory regions and the STag table (RFC 5040, RFC 5041
+// tagged buffers; RFC 5042 sections 2.2.4, 2.2.5 and 6).
+//
+// An STag is a 24-bit index into this table plus an 8-bit key:
+// stag = index << 8 | key. Each registration of an index draws a fresh key
+// from the kernel CSPRNG (getrandom(2)) that differs from the key that index
+// had before, so a stale STag never names a new region and STags are not
+// predictable (RFC 5042 6.1.1). Index 0 is never handed out, so STag values
+// 0..255 are always invalid. Freed indices are reused in FIFO order and only
+// after Options::reuse_delay others have been freed, so STags come back
+// slowly. A lookup is a shared lock, a bounds check and one vector index (no
+// hashing), plus two atomic increments when it succeeds (see RegionRef).
+//
+// What a region checks, in this order (first failure wins, see access.h):
+// STag (index in range, region present, key equal), PD of the region equal to
+// the PD of the QP, not invalidated, access right, TO + length not wrapping,
+// and [TO, TO + length) inside the region. For VA-based regions the TO is the
+// IOVA the application registered; for zero-based regions the TO is an offset
+// from 0 (RFC 5041 leaves the meaning of a TO to the Data Sink).
+//
+// Zero-length accesses: a check with length 0 succeeds without looking at the
+// STag at all and returns no region. Nothing is read or written, RFC 5042
+// 6.3.5 says a zero-length RDMA Read "does not even require a valid STag",
+// and MPA v2 peer-to-peer RTR messages (RFC 6581) are zero-length RDMA Writes
+// or Reads whose STag is arbitrary (Linux siw sends STag 1). Treating Writes
+// and Read Responses the same way keeps one rule for all tagged messages.
+//
+// Invalidation: Local Invalidate (any region of the caller's PD) and remote
+// Send with Invalidate (only regions registered with a remote right, RFC 5042
+// 6.4.5). An invalidated region fails every check with kInvalidated until it
+// is deregistered; libibverbs has no call that re-validates a plain MR.
+// Invalidating an already invalid region succeeds (verbs semantics).
+//
+// Threading and ownership: registration, deregistration and PD calls come
+// from application threads; checks and invalidations come from the progress
+// thread (and from application threads posting work). `mutex_` (a
+// std::shared_mutex) guards the table: checks take it shared, everything that
+// changes slots takes it exclusive. A successful check returns a RegionRef,
+// which pins the region record (shared_ptr) and counts as a user of its
+// memory. Deregister unpublishes the STag under the exclusive lock, so no new
+// check can succeed, and then waits (outside the lock) until every RegionRef
+// taken before has been released. When it returns, no engine thread touches
+// the buffer any more and the application may free it. Hence the contract
+// for RegionRef holders: hold one only while copying bytes of the region (one
+// DDP segment or less), never across waiting for the network, and never call
+// Deregister on a thread that holds a RegionRef of the same region.
+//
+// The table does not pin or translate memory: host addresses are the
+// process's own virtual addresses, which is what a userspace device needs.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <shared_mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "common/engine/access.h"
+
+namespace siwx::engine {
+
+// The STag is 32 bits (RFC 5041 4.2); the index/key split is ours.
+inline constexpr std::uint32_t kStagKeyBits = 8;
+inline constexpr std::uint32_t kStagKeyMask = 0xFFu;
+inline constexpr std::uint32_t kMaxStagIndex = 0x00FFFFFFu;  // 24-bit index
+
+constexpr std::uint32_t MakeStag(std::uint32_t index, std::uint8_t key) {
+  return (index << kStagKeyBits) | key;
+}
+constexpr std::uint32_t StagIndex(std::uint32_t stag) { return stag >> kStagKeyBits; }
+constexpr std::uint8_t StagKey(std::uint32_t stag) {
+  return static_cast<std::uint8_t>(stag & kStagKeyMask);
+}
+
+// A protection domain's identity. Never 0 for a live PD; ids are never
+// reused within one table (a 32-bit counter), so a stale id matches nothing.
+using PdId = std::uint32_t;
+inline constexpr PdId kNoPd = 0;
+
+// One registered memory region. Immutable after registration except for the
+// validity flag, so readers holding a RegionRef need no lock.
+class MemoryRegion {
+ public:
+  MemoryRegion(std::uint32_t stag, PdId pd, AccessFlags access, std::uint64_t iova,
+               std::uint64_t length, std::uintptr_t host_address)
+      : stag_(stag), pd_(pd), access_(access), iova_(iova), length_(length),
+        host_address_(host_address) {}
+  MemoryRegion(const MemoryRegion&) = delete;
+  MemoryRegion& operator=(const MemoryRegion&) = delete;
+
+  std::uint32_t stag() const { return stag_; }
+  PdId pd() const { return pd_; }
+  AccessFlags access() const { return access_; }
+  bool zero_based() const { return HasAll(access_, AccessFlags::kZeroBased); }
+  // First TO of the region: the registered IOVA, or 0 when zero-based.
+  std::uint64_t base_to() const { return zero_based() ? 0 : iova_; }
+  std::uint64_t iova() const { return iova_; }
+  std::uint64_t length() const { return length_; }
+  std::uintptr_t host_address() const { return host_address_; }
+  bool valid() const { return valid_.load(std::memory_order_acquire); }
+
+  // Host address of the byte at `to`. Only meaningful for a TO that passed a
+  // check against this region.
+  std::uint8_t* HostPointer(std::uint64_t to) const {
+    return reinterpret_cast<std::uint8_t*>(host_address_ +
+                                           static_cast<std::uintptr_t>(to - base_to()));
+  }
+
+ private:
+  friend class MemoryTable;
+  friend class RegionRef;
+
+  const std::uint32_t stag_;
+  const PdId pd_;
+  const AccessFlags access_;
+  const std::uint64_t iova_;
+  const std::uint64_t length_;
+  const std::uintptr_t host_address_;
+  std::atomic<bool> valid_{true};       // cleared once by invalidation
+  std::atomic<std::uint32_t> users_{0};  // live RegionRefs; Deregister waits for 0
+};
+
+// A region that passed a check, pinned for the duration of one copy. Move-only.
+class RegionRef {
+ public:
+  RegionRef() = default;
+  ~RegionRef() { Release(); }
+  RegionRef(RegionRef&& other) noexcept : region_(std::move(other.region_)) {}
+  RegionRef& operator=(RegionRef&& other) noexcept;
+  RegionRef(const RegionRef&) = delete;
+  RegionRef& operator=(const RegionRef&) = delete;
+
+  explicit operator bool() const { return region_ != nullptr; }
+  const MemoryRegion* get() const { return region_.get(); }
+  const MemoryRegion* operator->() const { return region_.get(); }
+  // Drops the pin early (Deregister may then return).
+  void Release();
+
+ private:
+  friend class MemoryTable;
+  explicit RegionRef(std::shared_ptr<MemoryRegion> region);
+
+  std::shared_ptr<MemoryRegion> region_;
+};
+
+struct AccessCheckResult {
+  AccessStatus status = AccessStatus::kInvalidStag;
+  RegionRef region;  // set iff status == kOk and length > 0
+  bool ok() const { return status == AccessStatus::kOk; }
+};
+
+enum class RegisterStatus : std::uint8_t {
+  kOk = 0,
+  kInvalidPd,          // PD not allocated in this table
+  kInvalidAccess,      // unknown flag, or remote write/atomic without local write
+  kInvalidLength,      // length 0, or the address or IOVA range wraps
+  kNoResources,        // no free STag index left
+  kNoRandomness,       // getrandom(2) failed; no unpredictable key available
+};
+
+struct RegisterResult {
+  RegisterStatus status = RegisterStatus::kNoResources;
+  std::uint32_t stag = 0;  // lkey == rkey == stag when status == kOk
+};
+
+enum class DeregisterStatus : std::uint8_t {
+  kOk = 0,
+  kInvalidStag,  // no region with this STag (includes a second deregister)
+};
+
+enum class InvalidateStatus : std::uint8_t {
+  kOk = 0,
+  kInvalidStag,       // no region with this STag
+  kPdMismatch,        // region belongs to another PD than the QP
+  kCannotInvalidate,  // remote invalidate of a region with no remote right
+                      // (RDMAP "STag cannot be invalidated", ECode 0x09)
+};
+
+enum class PdStatus : std::uint8_t {
+  kOk = 0,
+  kInvalidPd,  // not allocated (or already deallocated)
+  kBusy,       // regions still registered in it (ibv_dealloc_pd: EBUSY)
+};
+
+class MemoryTable {
+ public:
+  // Source of keys: returns std::nullopt when no randomness is available.
+  // Tests inject a deterministic one; production uses getrandom(2).
+  using KeySource = std::function<std::optional<std::uint8_t>()>;
+
+  struct Options {
+    std::uint32_t max_regions = 1u << 20;  // clamped to [1, kMaxStagIndex]
+    // A freed index is reused only once this many indices are free (or the
+    // table is full), so STags come back slowly (RFC 5042 6.1.1).
+    std::uint32_t reuse_delay = 256;
+    KeySource key_source;  // empty: getrandom(2)
+  };
+
+  MemoryTable();
+  explicit MemoryTable(Options options);
+  ~MemoryTable();
+  MemoryTable(const MemoryTable&) = delete;
+  MemoryTable& operator=(const MemoryTable&) = delete;
+
+  // Protection domains. ids are 1, 2, 3, ... and never reused; kNoPd once
+  // 2^32 - 1 PDs have been allocated.
+  PdId AllocatePd();
+  PdStatus DeallocatePd(PdId pd);
+
+  // Registers [host_address, host_address + length) in `pd`, reachable at TOs
+  // [iova, iova + length) (or [0, length) with kZeroBased). Verbs rule: remote
+  // write or remote atomic needs local write too.
+  RegisterResult Register(PdId pd, std::uint64_t iova, std::uint64_t length,
+                          std::uintptr_t host_address, AccessFlags access);
+
+  // Unpublishes the STag, then blocks until every RegionRef of the region has
+  // been released. Call from application threads only.
+  DeregisterStatus Deregister(std::uint32_t stag);
+
+  // The tagged-access check (see the file comment). `qp_pd` is the PD of the
+  // QP the access arrived on or was posted to.
+  AccessCheckResult Check(std::uint32_t stag, PdId qp_pd, AccessKind kind, std::uint64_t to,
+                          std::uint64_t length) const;
+
+  InvalidateStatus InvalidateLocal(std::uint32_t stag, PdId qp_pd);
+  InvalidateStatus InvalidateRemote(std::uint32_t stag, PdId qp_pd);
+
+  std::size_t region_count() const;
+
+ private:
+  struct Slot {
+    std::shared_ptr<MemoryRegion> region;  // null when free
+    std::uint8_t last_key = 0;             // key of the latest registration
+    bool ever_used = false;
+  };
+
+  std::shared_ptr<MemoryRegion> FindLocked(std::uint32_t stag) const;  // needs mutex_
+  InvalidateStatus Invalidate(std::uint32_t stag, PdId qp_pd, bool remote);
+  std::optional<std::uint8_t> NextKey();  // needs mutex_ exclusive
+
+  const std::uint32_t max_regions_;
+  const std::uint32_t reuse_delay_;
+  const KeySource key_source_;
+
+  mutable std::shared_mutex mutex_;
+  std::vector<Slot> slots_;                          // guarded by mutex_; [0] unused
+  std::deque<std::uint32_t> free_indices_;           // guarded by mutex_; FIFO
+  std::unordered_map<PdId, std::uint32_t> pd_regions_;  // guarded by mutex_; live PD -> #regions
+  PdId next_pd_ = 1;                                 // guarded by mutex_
+  std::size_t region_count_ = 0;                     // guarded by mutex_
+  std::uint8_t random_pool_[64] = {};                // guarded by mutex_; getrandom output
+  std::size_t random_left_ = 0;                      // guarded by mutex_
+};
+
+}  // namespace siwx::engine
