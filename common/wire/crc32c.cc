@@ -4,7 +4,29 @@
 
 #include <limits>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace siwx {
+namespace {
+
+#if defined(__x86_64__)
+// ISA-L's AVX-512 CRC kernels return with the upper halves of the vector
+// registers dirty. Every legacy-SSE instruction after that (memcpy, our own
+// code) then pays a state-transition penalty: measured here it made FPDU
+// parsing 3.6x slower. Clearing the upper state after each call removes it.
+__attribute__((target("avx"))) void ClearUpperVectorState() { _mm256_zeroupper(); }
+bool CpuHasAvx() {
+  static const bool has_avx = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx") != 0;
+  }();
+  return has_avx;
+}
+#endif
+
+}  // namespace
 
 void Crc32c::Update(ByteSpan data) {
   // ISA-L takes an int length and a non-const pointer it only reads.
@@ -14,6 +36,9 @@ void Crc32c::Update(ByteSpan data) {
   while (left > 0) {
     const std::size_t n = left < kMaxChunk ? left : kMaxChunk;
     state_ = crc32_iscsi(p, static_cast<int>(n), state_);
+#if defined(__x86_64__)
+    if (CpuHasAvx()) ClearUpperVectorState();
+#endif
     p += n;
     left -= n;
   }

@@ -1,0 +1,115 @@
+#include "common/wire/fpdu.h"
+
+#include <algorithm>
+
+#include "common/wire/crc32c.h"
+
+namespace siwx::mpa {
+
+std::size_t Mulpdu(std::size_t emss, bool markers_enabled) {
+  std::size_t overhead = kFpduFixedOverhead + emss % kPadAlign;
+  if (markers_enabled) {
+    overhead += kMarkerSize * ((emss + kMarkerInterval - 1) / kMarkerInterval);
+  }
+  if (emss <= overhead) return 0;
+  return std::min(emss - overhead, kMaxUlpduLength);
+}
+
+void FpduFrame::Clear() {
+  slice_count_ = 0;
+  wire_length_ = 0;
+  marker_count_ = 0;
+  crc_ = 0;
+  ulpdu_length_ = 0;
+}
+
+void FpduFrame::Append(const std::uint8_t* base, std::size_t len) {
+  // Capacity is guaranteed by the counts Frame checks before building.
+  slices_[slice_count_++] = IoSlice{base, len};
+  wire_length_ += len;
+}
+
+FpduFramer::FpduFramer(const FpduFramingConfig& config)
+    : config_(config), grid_offset_(config.marker_grid_offset % kMarkerInterval) {}
+
+FrameStatus FpduFramer::Frame(ByteSpan ulpdu_header, std::span<const ByteSpan> payload,
+                              FpduFrame& out) {
+  out.Clear();
+
+  // Sizes first, so that a refusal leaves everything untouched.
+  std::size_t ulpdu_length = ulpdu_header.size();
+  std::size_t pieces = 0;
+  for (ByteSpan piece : payload) {
+    if (piece.empty()) continue;
+    if (piece.size() > kMaxUlpduLength - std::min(ulpdu_length, kMaxUlpduLength)) {
+      return FrameStatus::kUlpduTooLong;
+    }
+    ulpdu_length += piece.size();
+    ++pieces;
+  }
+  if (ulpdu_length > kMaxUlpduLength) return FrameStatus::kUlpduTooLong;
+  if (pieces > FpduFrame::kMaxPayloadPieces) return FrameStatus::kTooManyPieces;
+
+  const std::size_t pad = PadLength(ulpdu_length);
+  const std::size_t unmarked = UnmarkedFpduLength(ulpdu_length);
+  const std::size_t markers =
+      config_.markers_enabled ? MarkersInFpdu(grid_offset_, unmarked) : 0;
+  if (markers > 0) {
+    // The last marker is the farthest from the ULPDU_Length field. A marker
+    // due at the very start carries 0 and moves the field 4 octets on.
+    const std::size_t first = OctetsBeforeNextMarker(grid_offset_);
+    const std::size_t last_wire = first + (markers - 1) * kMarkerInterval;
+    const std::size_t field_wire = first == 0 ? kMarkerSize : 0;
+    if (last_wire > 0 && last_wire - field_wire > kMaxFpduPtr) {
+      return FrameStatus::kMarkerPointerOverflow;
+    }
+  }
+
+  StoreBe16(out.length_field_.data(), static_cast<std::uint16_t>(ulpdu_length));
+  std::fill(out.trailer_.begin(), out.trailer_.end(), std::uint8_t{0});
+  std::uint32_t crc = 0;
+  if (config_.crc_enabled) {
+    Crc32c running;
+    running.Update(out.length_field_);
+    running.Update(ulpdu_header);
+    for (ByteSpan piece : payload) running.Update(piece);
+    running.Update(ByteSpan(out.trailer_.data(), pad));
+    crc = running.Value();
+  }
+  Crc32cToWire(crc, out.trailer_.data() + pad);
+  out.crc_ = crc;
+  out.ulpdu_length_ = static_cast<std::uint16_t>(ulpdu_length);
+
+  // Walk the unmarked octets in order and cut them at every marker position.
+  const bool use_markers = config_.markers_enabled;
+  std::size_t before_marker = OctetsBeforeNextMarker(grid_offset_);
+  const std::size_t field_wire = (use_markers && before_marker == 0) ? kMarkerSize : 0;
+  auto emit = [&](const std::uint8_t* base, std::size_t len) {
+    while (len > 0) {
+      if (use_markers && before_marker == 0) {
+        const std::size_t at = out.wire_length_;
+        // A marker at the FPDU's first octet points at the FPDU it precedes.
+        const std::size_t ptr = at == 0 ? 0 : at - field_wire;
+        auto& octets = out.markers_[out.marker_count_++];
+        EncodeMarker(Marker{0, static_cast<std::uint16_t>(ptr & ~std::size_t{kFpduPtrIgnoredBits})},
+                     octets);
+        out.Append(octets.data(), octets.size());
+        before_marker = kMarkerInterval - kMarkerSize;
+      }
+      const std::size_t n = use_markers ? std::min(len, before_marker) : len;
+      out.Append(base, n);
+      base += n;
+      len -= n;
+      if (use_markers) before_marker -= n;
+    }
+  };
+  emit(out.length_field_.data(), out.length_field_.size());
+  emit(ulpdu_header.data(), ulpdu_header.size());
+  for (ByteSpan piece : payload) emit(piece.data(), piece.size());
+  emit(out.trailer_.data(), pad + kCrcSize);
+
+  grid_offset_ = AdvanceGridOffset(grid_offset_, out.wire_length_);
+  return FrameStatus::kOk;
+}
+
+}  // namespace siwx::mpa
