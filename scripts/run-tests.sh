@@ -20,4 +20,12 @@ ninja -C build/release -j"$jobs"
 echo "== build/asan (clang, ASan+UBSan, libFuzzer)"
 cmake --preset asan >/dev/null
 ninja -C build/asan -j"$jobs"
-(cd build/asan && ctest -j"$jobs" --output-on-failure)
+(cd build/asan && ctest -j"$jobs" --output-on-failure -LE fuzz)
+# Fuzzers one at a time, each for its bounded time; show libFuzzer's totals.
+fuzz_log=build/asan/fuzz.log
+if ! (cd build/asan && ctest -L fuzz -V) >"$fuzz_log" 2>&1; then
+  tail -n 150 "$fuzz_log"
+  echo "siwx: a fuzz target failed; the reproducer is in build/asan/tests/fuzz/artifacts/" >&2
+  exit 1
+fi
+grep -E 'Test +#[0-9]+: fuzz|number_of_executed_units|tests passed|tests failed' "$fuzz_log"
