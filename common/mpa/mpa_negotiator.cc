@@ -19,9 +19,10 @@ StartupFailure FailureFromFrameError(StartupFrameError e) {
   return StartupFailure::kNone;
 }
 
-// RTR preference when more than one type is possible: a zero-length Write
-// needs nothing from the Responder's ULP; a Read needs an ORD/IRD slot and a
-// response; a Send consumes a posted Receive.
+// The Initiator's pick when the Reply leaves it more than one RTR type (the
+// choice is its own, RFC 6581 1.1): a zero-length Write needs nothing from
+// the Responder's ULP; a Read needs an ORD/IRD slot and a response; a Send
+// consumes a posted Receive.
 RtrType PreferredRtr(bool write, bool read, bool send) {
   if (write) return RtrType::kWrite;
   if (read) return RtrType::kRead;
@@ -29,16 +30,20 @@ RtrType PreferredRtr(bool write, bool read, bool send) {
   return RtrType::kNone;
 }
 
-IrdOrdWord WordGranting(std::uint16_t ird, std::uint16_t ord, RtrType rtr) {
+IrdOrdWord MakeWord(std::uint16_t ird, std::uint16_t ord, bool peer_to_peer,
+                    const RtrTypeSet& rtr) {
   IrdOrdWord w;
   w.ird = ird;
   w.ord = ord;
-  w.peer_to_peer = rtr != RtrType::kNone;
-  w.send_rtr = rtr == RtrType::kSend;
-  w.write_rtr = rtr == RtrType::kWrite;
-  w.read_rtr = rtr == RtrType::kRead;
+  w.peer_to_peer = peer_to_peer;
+  // RFC 6581 9.2: with A = 0, B, C and D MUST be 0.
+  w.send_rtr = peer_to_peer && rtr.send;
+  w.write_rtr = peer_to_peer && rtr.write;
+  w.read_rtr = peer_to_peer && rtr.read;
   return w;
 }
+
+constexpr RtrTypeSet kNoRtrTypes{false, false, false};
 
 std::vector<std::uint8_t> Copy(ByteSpan s) { return {s.begin(), s.end()}; }
 
@@ -106,6 +111,7 @@ std::string_view StartupFailureName(StartupFailure f) {
     case StartupFailure::kTimeout: return "startup timeout";
     case StartupFailure::kFirstFpduTimeout: return "first FPDU timeout";
     case StartupFailure::kConnectionClosed: return "connection closed";
+    case StartupFailure::kEnhancedUnsupported: return "enhanced establishment not supported";
   }
   return "unknown failure";
 }
@@ -150,6 +156,11 @@ NegotiatorStatus MpaNegotiator::Start(MpaTime now, ByteSpan private_data) {
   }
 
   if (config_.role == MpaRole::kResponder) {
+    // RFC 6581 9.2: a responder supporting enhanced establishment MUST
+    // support at least one RTR type.
+    if (config_.dialect == MpaDialect::kV2 && !config_.rtr_types.Any()) {
+      return NegotiatorStatus::kInvalidConfig;
+    }
     if (!private_data.empty()) return NegotiatorStatus::kInvalidArgument;
     state_ = NegotiatorState::kAwaitingRequest;
     deadline_ = now + config_.startup_timeout;
@@ -169,7 +180,8 @@ NegotiatorStatus MpaNegotiator::Start(MpaTime now, ByteSpan private_data) {
     w.ird = config_.ird;
     w.ord = config_.ord;
     if (config_.peer_to_peer) {
-      // A Read RTR would need an ORD slot we did not ask for.
+      // RFC 6581 9.2: A = 1 and every RTR type we can send. A Read RTR would
+      // need an ORD slot we did not ask for.
       offered_rtr_.send = config_.rtr_types.send;
       offered_rtr_.write = config_.rtr_types.write;
       offered_rtr_.read = config_.rtr_types.read && config_.ord >= 1;
@@ -189,8 +201,8 @@ NegotiatorStatus MpaNegotiator::Start(MpaTime now, ByteSpan private_data) {
   spec.markers = config_.markers_wanted;
   spec.crc = config_.crc == CrcPolicy::kRequire;
   spec.revision = v2 ? kMpaRevision2 : kMpaRevision1;
-  // The S bit says "I will send an Rtr frame"; the v2 bit says "IRD/ORD
-  // word follows". The revision tells the peer which one we mean.
+  // In Rev 1 the S bit says "I will send an Rtr frame"; in Rev 2 it says
+  // "the IRD/ORD word follows" (RFC 6581 6). We only send Rev 2 with S.
   spec.x_bit = config_.dialect != MpaDialect::kV1;
   spec.ird_ord = word;
   spec.ulp_private_data = private_data;
@@ -293,25 +305,48 @@ void MpaNegotiator::HandleRequest(const StartupFrameView& frame) {
                    : HasRtrIndicator(h) ? MpaDialect::kV1Rtr
                                         : MpaDialect::kV1;
 
-  // Answer in the offered dialect if we have it, else fall back to plain v1
-  // (an S bit is only answered when it was offered, the enhanced data only
-  // when it was sent).
+  params_ = {};
+  params_.peer_private_data = offer_.private_data;
+  params_.peer_ird_ord = offer_.ird_ord;
+
+  if (offer_.dialect == MpaDialect::kV2 && config_.dialect < MpaDialect::kV2) {
+    // RFC 6581 10: a responder without enhanced establishment "MUST close
+    // the TCP connection and exit MPA"; answering Rev 1 is not an option.
+    Fail(MpaError::kInvalidStartupFrame, StartupFailure::kEnhancedUnsupported,
+         "enhanced (Rev 2, S = 1) Request and this end is configured for " +
+             std::string(MpaDialectName(config_.dialect)) + " (RFC 6581 10)");
+    return;
+  }
+  // Answer in the offered dialect if we have it (an enhanced Request always
+  // gets an enhanced Reply here, RFC 6581 10); an S-bit offer to a v1
+  // Responder is answered with S clear.
   if (offer_.dialect == MpaDialect::kV2) {
-    offer_.answer_dialect = config_.dialect >= MpaDialect::kV2 ? MpaDialect::kV2 : MpaDialect::kV1;
+    offer_.answer_dialect = MpaDialect::kV2;
   } else if (offer_.dialect == MpaDialect::kV1Rtr) {
     offer_.answer_dialect =
         config_.dialect >= MpaDialect::kV1Rtr ? MpaDialect::kV1Rtr : MpaDialect::kV1;
   } else {
     offer_.answer_dialect = MpaDialect::kV1;
   }
-  // A Rev 2 Request without the enhanced bit is v1 semantics under Rev 2;
-  // a v2 Responder keeps the revision, an older one answers Rev 1.
+  // A Rev 2 Request without S is unenhanced (RFC 6581 6) and gets an
+  // unenhanced Reply (10); a v2 Responder keeps the revision, an older one
+  // answers Rev 1.
   answer_revision_ = (h.revision == kMpaRevision2 && config_.dialect >= MpaDialect::kV2)
                          ? kMpaRevision2
                          : kMpaRevision1;
 
-  params_ = {};
-  params_.peer_private_data = offer_.private_data;
+  if (offer_.answer_dialect == MpaDialect::kV2 && offer_.ird_ord->peer_to_peer) {
+    // RFC 6581 9.2: the Reply MUST echo A = 1, SHOULD flag every offered
+    // RTR type we support, and MUST flag at least one type we support even
+    // when none of ours was offered; the Initiator then picks or sends a
+    // Terminate. So there is no reject for want of a common RTR type.
+    const IrdOrdWord& w = *offer_.ird_ord;
+    const RtrTypeSet common{w.send_rtr && config_.rtr_types.send,
+                            w.write_rtr && config_.rtr_types.write,
+                            w.read_rtr && config_.rtr_types.read};
+    offer_.peer_to_peer = true;
+    offer_.rtr_types = common.Any() ? common : config_.rtr_types;
+  }
 
   if (h.markers && !config_.markers_can_send) {
     RejectLocally(StartupFailure::kMarkersRefused,
@@ -323,33 +358,27 @@ void MpaNegotiator::HandleRequest(const StartupFrameView& frame) {
                   "peer requires CRC (C = 1) and local policy refuses CRC");
     return;
   }
-  if (offer_.answer_dialect == MpaDialect::kV2 && offer_.ird_ord->peer_to_peer) {
-    const IrdOrdWord& w = *offer_.ird_ord;
-    // A Read RTR takes one of the Initiator's ORD slots.
-    offer_.rtr = PreferredRtr(w.write_rtr && config_.rtr_types.write,
-                              w.read_rtr && config_.rtr_types.read && w.ord >= 1,
-                              w.send_rtr && config_.rtr_types.send);
-    if (offer_.rtr == RtrType::kNone) {
-      RejectLocally(StartupFailure::kNoMatchingRtr,
-                    "peer-to-peer requested but no offered RTR type is acceptable here");
-      return;
-    }
-  }
-
   state_ = NegotiatorState::kAwaitingConsumer;
   Emit({NegotiatorEventType::kRequestReceived, MpaError::kNone, StartupFailure::kNone, false, {}});
 }
 
-void MpaNegotiator::RejectLocally(StartupFailure failure, std::string reason) {
+void MpaNegotiator::SendReject(ByteSpan private_data, std::uint16_t ird, std::uint16_t ord) {
   StartupFrameSpec spec;
   spec.kind = StartupFrameKind::kReply;
   spec.reject = true;
   spec.revision = answer_revision_;
   if (offer_.answer_dialect == MpaDialect::kV2) {
+    // An enhanced Request gets an enhanced Reply, rejecting or not (RFC 6581
+    // 10), with A echoed (9.2).
     spec.x_bit = true;
-    spec.ird_ord = IrdOrdWord{};  // no resources granted
+    spec.ird_ord = MakeWord(ird, ord, offer_.peer_to_peer, offer_.rtr_types);
   }
+  spec.ulp_private_data = private_data;
   Send(spec);
+}
+
+void MpaNegotiator::RejectLocally(StartupFailure failure, std::string reason) {
+  SendReject({}, 0, 0);  // no resources offered
   deadline_.reset();
   state_ = NegotiatorState::kRejected;
   Emit({NegotiatorEventType::kRejected, MpaError::kNone, failure, false, std::move(reason)});
@@ -372,22 +401,40 @@ NegotiatorStatus MpaNegotiator::Accept(MpaTime now, ByteSpan private_data, std::
   spec.x_bit = answer == MpaDialect::kV2 || answer == MpaDialect::kV1Rtr;
   spec.ulp_private_data = private_data;
 
-  params_.ird = ird;
-  params_.ord = ord;
+  std::uint16_t local_ird = ird;
+  std::uint16_t local_ord = ord;
+  RtrTypeSet rtr = kNoRtrTypes;
   if (answer == MpaDialect::kV2) {
+    const IrdOrdWord& peer = *offer_.ird_ord;
+    // RFC 6581 9.1: 0x3FFF from the Initiator means "the ULP negotiates":
+    // keep the local value and echo 0x3FFF.
+    const bool ird_by_ulp = peer.ord == kIrdOrdNotNegotiated;
+    const bool ord_by_ulp = peer.ird == kIrdOrdNotNegotiated;
     // Never promise more than the peer can use: our IRD need not exceed its
-    // ORD, and our ORD must not exceed its IRD.
-    const std::uint16_t reply_ird = std::min(ird, offer_.ird_ord->ord);
-    const std::uint16_t reply_ord = std::min(ord, offer_.ird_ord->ird);
-    if (offer_.rtr == RtrType::kRead && reply_ird == 0) return NegotiatorStatus::kInvalidArgument;
-    spec.ird_ord = WordGranting(reply_ird, reply_ord, offer_.rtr);
-    params_.ird_ord_exchanged = true;
-    params_.ird = reply_ird;
-    params_.ord = reply_ord;
-    params_.peer_to_peer = offer_.rtr != RtrType::kNone;
-    params_.rtr = offer_.rtr;
+    // ORD, and our ORD MUST NOT exceed its IRD (9.1).
+    std::uint16_t reply_ird = ird_by_ulp ? kIrdOrdNotNegotiated : std::min(ird, peer.ord);
+    const std::uint16_t reply_ord = ord_by_ulp ? kIrdOrdNotNegotiated : std::min(ord, peer.ird);
+    if (offer_.peer_to_peer) {
+      rtr = offer_.rtr_types;
+      if (ird == 0) rtr.read = false;  // a Read RTR needs an inbound Read slot here
+      if (!rtr.Any()) return NegotiatorStatus::kInvalidArgument;
+      // 9.1: the Responder IRD may be raised (to 1) to carry a Read RTR.
+      if (rtr.read && !ird_by_ulp && reply_ird == 0) reply_ird = 1;
+    }
+    spec.ird_ord = MakeWord(reply_ird, reply_ord, offer_.peer_to_peer, rtr);
+    if (!ird_by_ulp) local_ird = reply_ird;
+    if (!ord_by_ulp) local_ord = reply_ord;
   }
   Send(spec);
+
+  params_.ird = local_ird;
+  params_.ord = local_ord;
+  if (answer == MpaDialect::kV2) {
+    params_.ird_ord_exchanged = true;
+    params_.peer_to_peer = offer_.peer_to_peer;
+    params_.rtr_types = rtr;
+    params_.rtr = RtrType::kNone;  // the Initiator chooses (RFC 6581 1.1)
+  }
 
   params_.dialect = answer;
   params_.revision = answer_revision_;
@@ -403,7 +450,8 @@ NegotiatorStatus MpaNegotiator::Accept(MpaTime now, ByteSpan private_data, std::
     deadline_ = now + config_.startup_timeout;
     return NegotiatorStatus::kOk;
   }
-  // RFC 5044 7.1.2 rule 4; with an RFC 6581 RTR, that first FPDU is the RTR.
+  // RFC 5044 7.1.2 rule 4; with an RFC 6581 RTR, that first FPDU is the RTR
+  // ("MPA Fencing", RFC 6581 3, 4.3).
   params_.first_send = FirstSendRule::kAfterFirstFpdu;
   state_ = NegotiatorState::kAwaitingFirstFpdu;
   if (config_.first_fpdu_timeout > MpaTime::zero()) {
@@ -415,21 +463,14 @@ NegotiatorStatus MpaNegotiator::Accept(MpaTime now, ByteSpan private_data, std::
   return NegotiatorStatus::kOk;
 }
 
-NegotiatorStatus MpaNegotiator::Reject(ByteSpan private_data) {
+NegotiatorStatus MpaNegotiator::Reject(ByteSpan private_data, std::uint16_t ird,
+                                       std::uint16_t ord) {
   if (state_ != NegotiatorState::kAwaitingConsumer) return NegotiatorStatus::kWrongState;
+  if (ird > kMaxIrdOrd || ord > kMaxIrdOrd) return NegotiatorStatus::kInvalidArgument;
   if (private_data.size() > MaxUlpPrivateData(offer_.answer_dialect)) {
     return NegotiatorStatus::kPrivateDataTooLong;
   }
-  StartupFrameSpec spec;
-  spec.kind = StartupFrameKind::kReply;
-  spec.reject = true;
-  spec.revision = answer_revision_;
-  if (offer_.answer_dialect == MpaDialect::kV2) {
-    spec.x_bit = true;
-    spec.ird_ord = IrdOrdWord{};
-  }
-  spec.ulp_private_data = private_data;
-  Send(spec);
+  SendReject(private_data, ird, ord);
   params_.local_private_data = Copy(private_data);
   state_ = NegotiatorState::kRejected;  // rule 2: exit MPA, TCP stays open
   return NegotiatorStatus::kOk;
@@ -456,15 +497,22 @@ void MpaNegotiator::HandleReply(const StartupFrameView& frame) {
              std::to_string(sent_revision_));
     return;
   }
-  // Our only Rev 2 Request is an enhanced one. A Rev 1 Reply to it is a
-  // fallback; a Rev 2 Reply must keep the enhanced bit.
-  if (h.revision == kMpaRevision2 && !h.x_bit) {
+  // Our only Rev 2 Request is an enhanced one. RFC 6581 10: an enhanced
+  // Responder MUST answer it with an enhanced Reply, and one without
+  // enhanced support MUST close the connection instead of replying. So an
+  // unenhanced Reply, accepting or rejecting, is a protocol error, not a
+  // fallback; the ULP may retry with a v1 Request on a new connection.
+  if (sent_revision_ == kMpaRevision2 && !IsEnhanced(h)) {
     Fail(MpaError::kInvalidStartupFrame, StartupFailure::kEnhancedMismatch,
-         "Rev 2 Reply without the enhanced bit answers an enhanced Request (RFC 6581)");
+         "Rev " + std::to_string(h.revision) + " Reply with S = " + (h.x_bit ? "1" : "0") +
+             " answers an enhanced Request (RFC 6581 10); retry with an MPA v1 Request");
     return;
   }
   params_.revision = h.revision;
   params_.peer_private_data = Copy(frame.ulp_private_data);
+  // RFC 6581 9.1: the ULP sees the Responder's IRD/ORD for accepting and
+  // rejecting Replies alike.
+  params_.peer_ird_ord = frame.ird_ord;
 
   if (h.reject) {
     state_ = NegotiatorState::kRejected;  // rule 3: exit MPA, TCP stays open
@@ -493,33 +541,49 @@ void MpaNegotiator::HandleReply(const StartupFrameView& frame) {
 
   if (IsEnhanced(h)) {
     params_.dialect = MpaDialect::kV2;
-    const IrdOrdWord& w = *frame.ird_ord;
-    if (w.ord > config_.ird) {
-      Fail(MpaError::kInvalidStartupFrame, StartupFailure::kInsufficientIrd,
-           "Responder ORD " + std::to_string(w.ord) + " exceeds our IRD " +
-               std::to_string(config_.ird) + " (RFC 6581)");
-      return;
-    }
     params_.ird_ord_exchanged = true;
-    params_.ird = w.ord;
-    params_.ord = std::min(config_.ord, w.ird);
+    const IrdOrdWord& w = *frame.ird_ord;
+    // RFC 6581 9.1: IRD at least the Responder ORD, ORD at most the
+    // Responder IRD; 0x3FFF from the Responder leaves the local value alone.
+    // A Responder ORD above the IRD we offered cannot be met: Terminate
+    // with code 6. The Reply has set the framing (M, C), so the Terminate
+    // can go out as an FPDU.
+    if (w.ord != kIrdOrdNotNegotiated) {
+      if (w.ord > config_.ird) {
+        Fail(MpaError::kInsufficientIrd, StartupFailure::kInsufficientIrd,
+             "Responder ORD " + std::to_string(w.ord) + " exceeds our IRD " +
+                 std::to_string(config_.ird) + " (RFC 6581 9.1)",
+             true);
+        return;
+      }
+      params_.ird = w.ord;
+    }
+    if (w.ird != kIrdOrdNotNegotiated) params_.ord = std::min(config_.ord, w.ird);
     if (config_.peer_to_peer) {
-      const RtrType rtr = w.peer_to_peer
-                              ? PreferredRtr(w.write_rtr && offered_rtr_.write,
-                                             w.read_rtr && offered_rtr_.read && params_.ord >= 1,
-                                             w.send_rtr && offered_rtr_.send)
-                              : RtrType::kNone;
+      // RFC 6581 9.2: the Responder MUST echo A = 1; with A = 0 or no RTR
+      // type we can send, Terminate with code 7 ("no mutually compatible
+      // connection model or RTR option").
+      if (!w.peer_to_peer) {
+        Fail(MpaError::kNoMatchingRtr, StartupFailure::kNoMatchingRtr,
+             "peer-to-peer requested and the Reply has A = 0 (RFC 6581 9.2)", true);
+        return;
+      }
+      const RtrType rtr = PreferredRtr(w.write_rtr && offered_rtr_.write,
+                                       w.read_rtr && offered_rtr_.read && params_.ord >= 1,
+                                       w.send_rtr && offered_rtr_.send);
       if (rtr == RtrType::kNone) {
-        Fail(MpaError::kInvalidStartupFrame, StartupFailure::kNoMatchingRtr,
-             "Reply grants no RTR type this end offered (RFC 6581)");
+        Fail(MpaError::kNoMatchingRtr, StartupFailure::kNoMatchingRtr,
+             "the Reply advertises no RTR type this end can send (RFC 6581 9.2)", true);
         return;
       }
       params_.peer_to_peer = true;
+      params_.rtr_types = RtrTypeSet{w.send_rtr, w.write_rtr, w.read_rtr};
       params_.rtr = rtr;
       params_.first_send = FirstSendRule::kRtrFpduFirst;
     }
-    // Without our peer-to-peer request, any A/B/C/D bits are ignored: the
-    // Responder still waits for our first FPDU.
+    // A = 1 in a Reply to our A = 0 breaks 9.2 ("MUST set Control Flag A to
+    // 0"); no RTR type was negotiated, so we ignore it and our first FPDU is
+    // the plain RFC 5044 7.1.2 rule 4 one.
   } else if (sent_s_bit_ && HasRtrIndicator(h)) {
     params_.dialect = MpaDialect::kV1Rtr;
     // Proposal: the Rtr frame follows the accepting Reply and carries the
@@ -531,8 +595,9 @@ void MpaNegotiator::HandleReply(const StartupFrameView& frame) {
     rtr.revision = kMpaRevision1;
     Send(rtr);
   } else {
-    // Plain v1, also the fallback for v2 and S-bit offers. An S bit we did
-    // not offer is a reserved bit to us (not checked, RFC 5044 7.1.1).
+    // Plain v1, also the fallback for an S-bit offer (the proposal's S = 0
+    // Reply). An S bit we did not offer is a reserved bit to us (not
+    // checked, RFC 5044 7.1.1).
     params_.dialect = MpaDialect::kV1;
   }
   state_ = NegotiatorState::kFullOperation;
@@ -580,11 +645,12 @@ void MpaNegotiator::OnConnectionClosed() {
   }
 }
 
-void MpaNegotiator::Fail(MpaError error, StartupFailure failure, std::string reason) {
+void MpaNegotiator::Fail(MpaError error, StartupFailure failure, std::string reason,
+                         bool send_terminate) {
   deadline_.reset();
   frame_.clear();
   state_ = NegotiatorState::kFailed;
-  Emit({NegotiatorEventType::kFailed, error, failure, false, std::move(reason)});
+  Emit({NegotiatorEventType::kFailed, error, failure, false, std::move(reason), send_terminate});
 }
 
 void MpaNegotiator::Emit(NegotiatorEvent event) { events_.push_back(std::move(event)); }

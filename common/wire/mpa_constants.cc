@@ -9,6 +9,9 @@ std::string_view MpaErrorName(MpaError e) {
     case MpaError::kCrcMismatch: return "MPA CRC mismatch";
     case MpaError::kMarkerMismatch: return "MPA marker disagrees with ULPDU_Length";
     case MpaError::kInvalidStartupFrame: return "invalid MPA Request or Reply frame";
+    case MpaError::kLocalCatastrophic: return "local catastrophic error";
+    case MpaError::kInsufficientIrd: return "insufficient IRD resources";
+    case MpaError::kNoMatchingRtr: return "no matching RTR option";
   }
   return "unknown MPA error";
 }

@@ -23,14 +23,18 @@ inline constexpr std::string_view kReplyKey = "MPA ID Rep Frame";    // RFC 5044
 // Rtr/S-bit proposal: the frame the requester sends after an accepting Reply.
 inline constexpr std::string_view kRtrKey = "MPA ID RtR Frame";
 
-// Error codes MPA reports to its consumer (RFC 5044 section 8). They are
-// also the error codes of Terminate messages with layer LLP (RFC 5040 7.2).
+// Error codes MPA reports to its consumer (RFC 5044 section 8, extended by
+// RFC 6581 section 8). They are also the error codes of Terminate messages
+// with layer LLP, error type MPA (RFC 5040 7.2, RFC 6581 8).
 enum class MpaError : std::uint8_t {
   kNone = 0,
   kConnectionLost = 1,      // closed, reset, FIN or timeout
   kCrcMismatch = 2,         // received CRC differs from the computed one
   kMarkerMismatch = 3,      // marker and ULPDU_Length disagree on FPDU start
   kInvalidStartupFrame = 4, // invalid MPA Request or Reply frame
+  kLocalCatastrophic = 5,   // RFC 6581 8, 9.3: local error with no specific code
+  kInsufficientIrd = 6,     // RFC 6581 8, 9.1: Initiator cannot meet the Responder ORD
+  kNoMatchingRtr = 7,       // RFC 6581 8, 9.2: no mutually usable connection model / RTR
 };
 
 std::string_view MpaErrorName(MpaError e);

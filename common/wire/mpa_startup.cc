@@ -12,7 +12,8 @@ constexpr std::array<StartupFrameKind, 3> kAllKinds = {
 
 bool RevisionValidFor(StartupFrameKind kind, std::uint8_t revision) {
   // The proposal defines the Rtr frame for Rev 1 only; RFC 6581 replaces it
-  // with an RTR FPDU.
+  // with an RTR FPDU. Rev 3 and up would be a revision we cannot
+  // interoperate with: RFC 5044 7.1.1 Rev says close.
   if (kind == StartupFrameKind::kRtr) return revision == kMpaRevision1;
   return revision == kMpaRevision1 || revision == kMpaRevision2;
 }
@@ -58,7 +59,7 @@ std::string_view StartupFrameErrorName(StartupFrameError e) {
     case StartupFrameError::kBadRevision: return "unsupported MPA revision";
     case StartupFrameError::kPrivateDataTooLong: return "PD_Length exceeds 512";
     case StartupFrameError::kMissingIrdOrd:
-      return "enhanced (Rev 2) frame without the 4-octet IRD/ORD word";
+      return "enhanced (Rev 2, S = 1) frame without the 4-octet IRD/ORD word";
   }
   return "unknown startup frame error";
 }
@@ -70,9 +71,11 @@ std::string_view StartupEncodeStatusName(StartupEncodeStatus s) {
     case StartupEncodeStatus::kRejectInRequest: return "R must be zero in a Request";
     case StartupEncodeStatus::kBadRtrFlags: return "R and S must be zero in an Rtr frame";
     case StartupEncodeStatus::kIrdOrdMismatch:
-      return "IRD/ORD word goes with Rev 2 + enhanced, and only there";
+      return "IRD/ORD word goes with Rev 2 + S, and only there";
     case StartupEncodeStatus::kIrdOrdOutOfRange: return "IRD or ORD above 0x3FFF";
     case StartupEncodeStatus::kPrivateDataTooLong: return "private data exceeds 512 octets";
+    case StartupEncodeStatus::kRtrFlagsWithoutPeerToPeer:
+      return "RTR flags B, C, D must be zero when A is zero";
   }
   return "unknown encode status";
 }
@@ -180,6 +183,10 @@ StartupEncodeStatus EncodeStartupFrame(const StartupFrameSpec& spec,
   if (spec.ird_ord && (spec.ird_ord->ird > kMaxIrdOrd || spec.ird_ord->ord > kMaxIrdOrd)) {
     return StartupEncodeStatus::kIrdOrdOutOfRange;
   }
+  if (spec.ird_ord && !spec.ird_ord->peer_to_peer &&
+      (spec.ird_ord->send_rtr || spec.ird_ord->write_rtr || spec.ird_ord->read_rtr)) {
+    return StartupEncodeStatus::kRtrFlagsWithoutPeerToPeer;
+  }
   const std::size_t pd_length = (enhanced ? kIrdOrdWordSize : 0) + spec.ulp_private_data.size();
   if (pd_length > kMaxPrivateDataLength) return StartupEncodeStatus::kPrivateDataTooLong;
 
@@ -189,7 +196,7 @@ StartupEncodeStatus EncodeStartupFrame(const StartupFrameSpec& spec,
   h.crc = spec.crc;
   h.reject = spec.reject;
   h.x_bit = spec.x_bit;
-  h.reserved = 0;  // RFC 5044 7.1.1: Res MUST be zero when sending
+  h.reserved = 0;  // RFC 5044 7.1.1, RFC 6581 6: Res MUST be zero when sending
   h.revision = spec.revision;
   h.pd_length = static_cast<std::uint16_t>(pd_length);
 

@@ -7,34 +7,43 @@
 //  |          Key (16 octets: "MPA ID Req Frame" / "MPA ID Rep Frame"
 //  |                           / "MPA ID RtR Frame")                 |
 //  +-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+
-//  |M|C|R|X|  Res  |      Rev      |          PD_Length            |
+//  |M|C|R|S|  Res  |      Rev      |          PD_Length            |
 //  +-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+
 //  ~                 Private Data (PD_Length octets)                 ~
 //
-// Dialects (the revision tells them apart; bit X is the same position):
-//  - MPA v1, RFC 5044 section 7.1.1: Rev 1, X is reserved.
-//  - v1 + the Rtr/S-bit peer-to-peer proposal: Rev 1, X is "S" in Request
-//    and Reply; a third frame, the Rtr frame, has its own key.
-//  - MPA v2, RFC 6581: Rev 2, X is the "enhanced connection establishment"
-//    bit; when set, the first 4 octets of Private Data are the IRD/ORD word:
+// Dialects (both extensions call the bit after R "S"; the revision tells
+// them apart, so this file calls it x_bit):
+//  - MPA v1, RFC 5044 section 7.1.1: Rev 1, S is part of the reserved Res.
+//  - v1 + the Rtr/S-bit peer-to-peer proposal: Rev 1, S in Request and
+//    Reply says "an Rtr frame follows"; the Rtr frame has its own key.
+//  - MPA v2, RFC 6581 section 6: Rev 2 (enhanced features need Rev >= 2),
+//    S = 1 says the Private Data begins with the 4-octet enhanced RDMA
+//    connection establishment data (the IRD/ORD word, RFC 6581 section 9);
+//    ULP private data follows it and PD_Length counts both. S = 0 is an
+//    unenhanced frame whatever the revision.
 //
 //   0                   1                   2                   3
 //   0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1
 //  +-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+
 //  |A|B|           IRD             |C|D|           ORD             |
 //  +-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+
-//   A peer-to-peer, B zero-length Send RTR, C zero-length RDMA Write RTR,
-//   D zero-length RDMA Read RTR.
+//   RFC 6581 9: A peer-to-peer model, B zero-length Send (FULPDU) RTR,
+//   C zero-length RDMA Write RTR, D zero-length RDMA Read RTR; IRD and ORD
+//   are 14-bit unsigned, 0x3FFF meaning "not negotiated here, the ULP does
+//   it" (9.1).
 //
 // What the decoder checks: the key (one of the three, rejected at the first
 // octet that cannot belong to any of them), Rev (1 or 2 for Request and
 // Reply; 1 for Rtr, the only revision the proposal defines it for),
-// PD_Length <= 512, and PD_Length >= 4 for a Rev 2 frame with the enhanced
-// bit. What it deliberately does not check, because RFC 5044 7.1.1 says
-// "not checked on reception": the Res bits and the R bit of a Request; both
-// are reported so a caller can log them. Which frame kind is acceptable in
-// which state, and whether the flags make sense for the connection, is the
-// negotiator's business (common/mpa/mpa_negotiator.h).
+// PD_Length <= 512, and PD_Length >= 4 for a Rev 2 frame with S (RFC 6581 6:
+// Private Data MUST begin with the word). What it deliberately does not
+// check, because RFC 5044 7.1.1 says "not checked on reception": the Res
+// bits and the R bit of a Request; both are reported so a caller can log
+// them. The word's B, C and D are reported as received even when A is 0;
+// RFC 6581 9.2 says to ignore them then, and the negotiator does. Which
+// frame kind is acceptable in which state, and whether the flags make sense
+// for the connection, is the negotiator's business
+// (common/mpa/mpa_negotiator.h).
 //
 // The decoder is incremental-friendly: given any prefix of a frame it says
 // how many more octets it needs; it never consumes octets past the frame
@@ -54,15 +63,16 @@
 namespace siwx::mpa {
 
 inline constexpr std::uint8_t kMpaRevision1 = 1;  // RFC 5044 7.1.1
-inline constexpr std::uint8_t kMpaRevision2 = 2;  // RFC 6581 (MPA v2)
+inline constexpr std::uint8_t kMpaRevision2 = 2;  // RFC 6581 6: enhanced needs Rev >= 2
 
 // The 16-bit word at octet 16 of every startup frame.
 inline constexpr std::uint16_t kStartupFlagM = 0x8000;  // RFC 5044 7.1.1 markers
 inline constexpr std::uint16_t kStartupFlagC = 0x4000;  // RFC 5044 7.1.1 CRC
 inline constexpr std::uint16_t kStartupFlagR = 0x2000;  // RFC 5044 7.1.1 rejected
-// S (Rtr proposal, Rev 1) or "enhanced" (RFC 6581, Rev 2): same bit.
+// S: the Rtr proposal's indicator in Rev 1, RFC 6581's enhanced-data
+// indicator in Rev 2 (RFC 6581 6); it was the top bit of RFC 5044's Res.
 inline constexpr std::uint16_t kStartupFlagX = 0x1000;
-inline constexpr std::uint16_t kStartupResMask = 0x0F00;  // RFC 5044 7.1.1 Res
+inline constexpr std::uint16_t kStartupResMask = 0x0F00;  // RFC 6581 6: Res, one bit smaller
 inline constexpr std::uint16_t kStartupRevMask = 0x00FF;  // RFC 5044 7.1.1 Rev
 
 inline constexpr std::size_t kStartupFlagsOffset = kKeySize;         // RFC 5044 7.1.1
@@ -72,14 +82,18 @@ static_assert(kKeySize == kRequestKey.size() && kKeySize == kReplyKey.size() &&
               kKeySize == kRtrKey.size());
 
 // The RFC 6581 IRD/ORD word at the front of v2 private data.
-inline constexpr std::size_t kIrdOrdWordSize = 4;         // RFC 6581 IRD/ORD word
-inline constexpr std::uint16_t kMaxIrdOrd = 0x3FFF;       // RFC 6581: 14-bit values
-inline constexpr std::uint16_t kIrdOrdFlagHigh = 0x8000;  // A (IRD half), C (ORD half)
-inline constexpr std::uint16_t kIrdOrdFlagLow = 0x4000;   // B (IRD half), D (ORD half)
+inline constexpr std::size_t kIrdOrdWordSize = 4;         // RFC 6581 9
+inline constexpr std::uint16_t kMaxIrdOrd = 0x3FFF;       // RFC 6581 9: 14-bit unsigned
+inline constexpr std::uint16_t kIrdOrdFlagHigh = 0x8000;  // RFC 6581 9: A (IRD half), C (ORD half)
+inline constexpr std::uint16_t kIrdOrdFlagLow = 0x4000;   // RFC 6581 9: B (IRD half), D (ORD half)
+// All ones: automatic negotiation of this IRD or ORD is not wanted, the ULP
+// handles it; the receiver keeps its local value (RFC 6581 9.1).
+inline constexpr std::uint16_t kIrdOrdNotNegotiated = 0x3FFF;  // RFC 6581 9.1
 static_assert(kMaxIrdOrd == static_cast<std::uint16_t>(~(kIrdOrdFlagHigh | kIrdOrdFlagLow)));
+static_assert(kIrdOrdNotNegotiated == kMaxIrdOrd, "the special value is the all-ones 14 bits");
 
 // Largest ULP private data a frame can carry: all 512 octets, minus the
-// IRD/ORD word when that word is present.
+// IRD/ORD word when that word is present (RFC 6581 9: "reduced by 4 bytes").
 inline constexpr std::size_t kMaxUlpPrivateDataV1 = kMaxPrivateDataLength;
 inline constexpr std::size_t kMaxUlpPrivateDataEnhanced = kMaxPrivateDataLength - kIrdOrdWordSize;
 
@@ -97,7 +111,7 @@ struct StartupHeader {
   bool markers = false;       // M
   bool crc = false;           // C
   bool reject = false;        // R (meaningful in a Reply only)
-  bool x_bit = false;         // S in Rev 1, enhanced in Rev 2
+  bool x_bit = false;         // S: Rtr indicator in Rev 1, enhanced data in Rev 2
   std::uint8_t reserved = 0;  // the four Res bits, 0..15
   std::uint8_t revision = kMpaRevision1;
   std::uint16_t pd_length = 0;
@@ -107,21 +121,21 @@ struct StartupHeader {
 inline bool HasRtrIndicator(const StartupHeader& h) {
   return h.revision == kMpaRevision1 && h.x_bit && h.kind != StartupFrameKind::kRtr;
 }
-// Rev 2 with the enhanced bit: private data starts with the IRD/ORD word.
+// Rev 2 with S: private data starts with the IRD/ORD word (RFC 6581 6).
 inline bool IsEnhanced(const StartupHeader& h) { return h.revision == kMpaRevision2 && h.x_bit; }
 
 // Writes the key of h.kind and the flags/Rev/PD_Length word exactly as given
 // (Res included, so tests can build frames a conforming sender never would).
 void EncodeStartupHeader(const StartupHeader& h, std::span<std::uint8_t, kStartupHeaderSize> out);
 
-// The RFC 6581 IRD/ORD word, in host order.
+// The RFC 6581 section 9 IRD/ORD word, in host order.
 struct IrdOrdWord {
-  std::uint16_t ird = 0;      // 14 bits: incoming RDMA Read queue depth
-  std::uint16_t ord = 0;      // 14 bits: outgoing RDMA Read queue depth
-  bool peer_to_peer = false;  // A
-  bool send_rtr = false;      // B: zero-length Send
-  bool write_rtr = false;     // C: zero-length RDMA Write
-  bool read_rtr = false;      // D: zero-length RDMA Read
+  std::uint16_t ird = 0;      // 14 bits: inbound RDMA Read queue depth (0x3FFF: ULP's)
+  std::uint16_t ord = 0;      // 14 bits: outbound RDMA Read queue depth (0x3FFF: ULP's)
+  bool peer_to_peer = false;  // A: peer-to-peer connection model (9.2)
+  bool send_rtr = false;      // B: zero-length Send (FULPDU) RTR
+  bool write_rtr = false;     // C: zero-length RDMA Write RTR
+  bool read_rtr = false;      // D: zero-length RDMA Read RTR
 
   friend bool operator==(const IrdOrdWord&, const IrdOrdWord&) = default;
 };
@@ -141,7 +155,7 @@ enum class StartupFrameError : std::uint8_t {
   kBadKey,              // none of the three keys (RFC 5044 7.1.2 rule 5)
   kBadRevision,         // Rev 0 or 3+, or an Rtr frame that is not Rev 1 (RFC 5044 7.1.1 Rev)
   kPrivateDataTooLong,  // PD_Length > 512 (RFC 5044 7.1.1 PD_Length, rule 9)
-  kMissingIrdOrd,       // Rev 2 + enhanced bit but PD_Length < 4 (RFC 6581)
+  kMissingIrdOrd,       // Rev 2 + S but PD_Length < 4 (RFC 6581 6, 9)
 };
 std::string_view StartupFrameErrorName(StartupFrameError e);
 
@@ -171,7 +185,7 @@ struct StartupFrameSpec {
   bool reject = false;
   bool x_bit = false;
   std::uint8_t revision = kMpaRevision1;
-  std::optional<IrdOrdWord> ird_ord;  // required iff revision 2 with x_bit
+  std::optional<IrdOrdWord> ird_ord;  // required iff revision 2 with x_bit (RFC 6581 6)
   ByteSpan ulp_private_data;
 };
 
@@ -180,9 +194,10 @@ enum class StartupEncodeStatus : std::uint8_t {
   kBadRevision,         // not 1 or 2; or an Rtr frame that is not Rev 1
   kRejectInRequest,     // R is "set to zero" in a Request (RFC 5044 7.1.1)
   kBadRtrFlags,         // an Rtr frame with R or S set (proposal: S is 0 in Rtr)
-  kIrdOrdMismatch,      // IRD/ORD word given without Rev 2 + enhanced, or missing with it
-  kIrdOrdOutOfRange,    // IRD or ORD above 0x3FFF
-  kPrivateDataTooLong,  // the word plus ULP private data exceed 512 octets
+  kIrdOrdMismatch,      // IRD/ORD word given without Rev 2 + S, or missing with it (RFC 6581 6)
+  kIrdOrdOutOfRange,    // IRD or ORD above 0x3FFF (RFC 6581 9: 14 bits)
+  kPrivateDataTooLong,  // the word plus ULP private data exceed 512 octets (RFC 6581 6 PD_Length)
+  kRtrFlagsWithoutPeerToPeer,  // B, C or D set with A clear (RFC 6581 9.2: MUST be 0)
 };
 std::string_view StartupEncodeStatusName(StartupEncodeStatus s);
 

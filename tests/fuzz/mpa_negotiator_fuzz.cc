@@ -5,10 +5,18 @@
 // times, interleaved with timer ticks, partial writes, connection closes and
 // the first-FPDU notice. The negotiator must never crash, and must keep its
 // promises: no event after a terminal one, at most one establishment,
-// established parameters consistent with what was configured and offered,
-// Feed() never consuming more than it was given or anything once the
-// startup frames are over, and everything it sends decoding as the startup
-// frames its role sends.
+// established parameters consistent with what was configured and offered
+// (RFC 6581 9.1 IRD/ORD bounds, 9.2 A echo and RTR types, 10 no fallback
+// from an enhanced Request), a Terminate asked for only with the RFC 6581
+// codes 6 and 7, Feed() never consuming more than it was given or anything
+// once the startup frames are over, and everything it sends decoding as the
+// startup frames its role sends.
+//
+// Input layout (big-endian U16s): b0 b1 | IRD ORD accept-IRD accept-ORD |
+// startup timeout U8 | first-FPDU timeout U8 unless b1 & 0x20 | U16 n +
+// Initiator private data | U16 n + Accept/Reject private data | then ops:
+// op U8, time step U8, and for op % 8 in 0..2 a U8 length (% 48) + octets,
+// for 3 a U16 length (% 700) + octets, for 5 a U8 output count.
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -58,14 +66,8 @@ bool RtrAllowed(RtrType t, const RtrTypeSet& s) {
   return false;
 }
 
-bool RtrOffered(RtrType t, const IrdOrdWord& w) {
-  switch (t) {
-    case RtrType::kSend: return w.send_rtr;
-    case RtrType::kWrite: return w.write_rtr;
-    case RtrType::kRead: return w.read_rtr;
-    case RtrType::kNone: return false;
-  }
-  return false;
+bool SubsetOf(const RtrTypeSet& a, const RtrTypeSet& b) {
+  return (!a.send || b.send) && (!a.write || b.write) && (!a.read || b.read);
 }
 
 struct Harness {
@@ -95,6 +97,9 @@ struct Harness {
     Check(n.state() == NegotiatorState::kFullOperation);
     Check(p.dialect <= cfg.dialect);
     Check(p.dialect != MpaDialect::kV1Rtr || cfg.dialect == MpaDialect::kV1Rtr);
+    // RFC 6581 10: an enhanced Request takes only an enhanced Reply.
+    if (cfg.dialect == MpaDialect::kV2) Check(p.dialect == MpaDialect::kV2);
+    Check(p.peer_ird_ord.has_value() == (p.dialect == MpaDialect::kV2));
     if (p.dialect == MpaDialect::kV2) Check(p.revision == kMpaRevision2);
     if (p.dialect == MpaDialect::kV1Rtr) Check(p.revision == kMpaRevision1);
     if (cfg.crc == CrcPolicy::kRequire) Check(p.crc);
@@ -109,9 +114,13 @@ struct Harness {
     Check(p.peer_to_peer == (p.rtr != RtrType::kNone));
     if (p.peer_to_peer) {
       Check(cfg.peer_to_peer && p.dialect == MpaDialect::kV2 && RtrAllowed(p.rtr, cfg.rtr_types));
+      Check(RtrAllowed(p.rtr, p.rtr_types));  // one the Responder advertised
       Check(p.rtr != RtrType::kRead || p.ord >= 1);
       Check(p.first_send == FirstSendRule::kRtrFpduFirst);
     } else {
+      // Asked for peer-to-peer and did not get it: that is a failure (9.2).
+      Check(!cfg.peer_to_peer || p.dialect != MpaDialect::kV2);
+      Check(!p.rtr_types.Any());
       Check(p.first_send == FirstSendRule::kMayNow);
     }
     Check(p.local_private_data == start_pd);
@@ -126,18 +135,39 @@ struct Harness {
     if (cfg.crc == CrcPolicy::kRefuse) Check(!p.crc);
     Check(p.markers_tx == o.markers && (!p.markers_tx || cfg.markers_can_send));
     Check(p.markers_rx == cfg.markers_wanted);
+    Check(p.rtr == RtrType::kNone);  // the Initiator chooses (RFC 6581 1.1)
     if (p.dialect == MpaDialect::kV2) {
-      Check(o.ird_ord.has_value() && p.ird_ord_exchanged);
-      Check(p.ird <= accept_ird && p.ird <= o.ird_ord->ord);
-      Check(p.ord <= accept_ord && p.ord <= o.ird_ord->ird);
+      Check(o.ird_ord.has_value() && p.ird_ord_exchanged && p.peer_ird_ord == o.ird_ord);
+      const IrdOrdWord& w = *o.ird_ord;
+      // RFC 6581 9.1: 0x3FFF keeps the local value; otherwise IRD at most
+      // the Initiator ORD (or 1 for a Read RTR), ORD at most its IRD.
+      if (w.ord == kIrdOrdNotNegotiated) {
+        Check(p.ird == accept_ird);
+      } else {
+        Check(p.ird <= accept_ird);
+        Check(p.ird <= w.ord || (p.ird == 1 && p.rtr_types.read));
+      }
+      if (w.ird == kIrdOrdNotNegotiated) {
+        Check(p.ord == accept_ord);
+      } else {
+        Check(p.ord == (accept_ord < w.ird ? accept_ord : w.ird));
+      }
+      // 9.2: A echoed; with A, at least one type this end supports, the
+      // offered ones where any fit.
+      Check(p.peer_to_peer == w.peer_to_peer && p.peer_to_peer == o.peer_to_peer);
+      Check(p.rtr_types.Any() == p.peer_to_peer);
+      Check(SubsetOf(p.rtr_types, cfg.rtr_types));
+      const RtrTypeSet offered{w.send_rtr, w.write_rtr, w.read_rtr};
+      const RtrTypeSet common{offered.send && cfg.rtr_types.send,
+                              offered.write && cfg.rtr_types.write,
+                              offered.read && cfg.rtr_types.read};
+      if (p.peer_to_peer && common.Any()) Check(SubsetOf(p.rtr_types, offered));
+      if (p.rtr_types.read) Check(p.ird >= 1);
     } else {
       Check(!p.ird_ord_exchanged && p.ird == accept_ird && p.ord == accept_ord);
-    }
-    Check(p.peer_to_peer == (p.rtr != RtrType::kNone));
-    if (p.peer_to_peer) {
-      Check(p.dialect == MpaDialect::kV2 && o.ird_ord->peer_to_peer);
-      Check(RtrOffered(p.rtr, *o.ird_ord) && RtrAllowed(p.rtr, cfg.rtr_types));
-      Check(p.rtr != RtrType::kRead || (p.ird >= 1 && o.ird_ord->ord >= 1));
+      Check(!p.peer_to_peer && !p.rtr_types.Any());
+      // RFC 6581 10: only a v2 Responder answers an enhanced Request.
+      Check(o.dialect != MpaDialect::kV2);
     }
     if (p.dialect == MpaDialect::kV1Rtr) {
       Check(p.first_send == FirstSendRule::kMayNow && n.state() == NegotiatorState::kFullOperation);
@@ -160,9 +190,10 @@ struct Harness {
           Check(n.offer().private_data.size() <= kMaxPrivateDataLength);
           const std::size_t before = n.PendingOutput().size();
           if (reject) {
-            const NegotiatorStatus st = n.Reject(accept_pd);
+            const NegotiatorStatus st = n.Reject(accept_pd, accept_ird, accept_ord);
             if (st != NegotiatorStatus::kOk) {
-              Check(st == NegotiatorStatus::kPrivateDataTooLong);
+              Check(st == NegotiatorStatus::kPrivateDataTooLong ||
+                    st == NegotiatorStatus::kInvalidArgument);
               Check(n.PendingOutput().size() == before);
               Check(n.Reject({}) == NegotiatorStatus::kOk);
             }
@@ -203,21 +234,31 @@ struct Harness {
           Check(n.params().peer_private_data.size() <= kMaxPrivateDataLength);
           terminal = true;
           break;
-        case NegotiatorEventType::kFailed:
-          Check(e->error == MpaError::kInvalidStartupFrame ||
+        case NegotiatorEventType::kFailed: {
+          // RFC 6581 8: codes 6 and 7 go out in a Terminate, and only the
+          // Initiator, holding an accepting Reply, raises them.
+          const bool rfc6581_code =
+              e->error == MpaError::kInsufficientIrd || e->error == MpaError::kNoMatchingRtr;
+          Check(rfc6581_code || e->error == MpaError::kInvalidStartupFrame ||
                 e->error == MpaError::kConnectionLost);
+          Check(e->send_terminate == rfc6581_code);
+          if (rfc6581_code) {
+            Check(cfg.role == MpaRole::kInitiator && cfg.dialect == MpaDialect::kV2);
+            Check(n.params().peer_ird_ord.has_value());
+          }
           Check(!e->reason.empty() && e->failure != StartupFailure::kNone);
           // After establishment only the first-FPDU wait can still fail.
           Check(!established || e->failure == StartupFailure::kFirstFpduTimeout);
           Check(n.state() == NegotiatorState::kFailed && !n.Deadline().has_value());
           terminal = true;
           break;
+        }
       }
     }
   }
 
   // Everything sent must decode as the frames this role sends, in order.
-  void CheckWire() {
+  void CheckWire(const MpaNegotiator& n) {
     ByteSpan rest(wire);
     std::size_t frames = 0;
     while (!rest.empty()) {
@@ -233,12 +274,26 @@ struct Harness {
           Check(h.revision == (cfg.dialect == MpaDialect::kV2 ? kMpaRevision2 : kMpaRevision1));
           Check(h.x_bit == (cfg.dialect != MpaDialect::kV1));
           Check(r.frame.ulp_private_data.size() == start_pd.size());
+          if (r.frame.ird_ord) {
+            const IrdOrdWord& w = *r.frame.ird_ord;
+            Check(w.peer_to_peer == cfg.peer_to_peer);
+            Check(w.peer_to_peer || !(w.send_rtr || w.write_rtr || w.read_rtr));  // 9.2
+          }
         } else {
           Check(cfg.dialect == MpaDialect::kV1Rtr && frames == 1);
         }
       } else {
         Check(h.kind == StartupFrameKind::kReply && frames == 0);
         if (!h.reject) Check(h.markers == cfg.markers_wanted);
+        // RFC 6581 10: enhanced in, enhanced out; unenhanced in, unenhanced out.
+        const bool enhanced_offer = n.offer().dialect == MpaDialect::kV2;
+        Check(IsEnhanced(h) == enhanced_offer);
+        if (enhanced_offer) {
+          const IrdOrdWord& w = *r.frame.ird_ord;
+          Check(w.peer_to_peer == n.offer().ird_ord->peer_to_peer);  // 9.2: A echoed
+          Check(w.peer_to_peer || !(w.send_rtr || w.write_rtr || w.read_rtr));
+          if (w.peer_to_peer) Check(w.send_rtr || w.write_rtr || w.read_rtr);
+        }
       }
       rest = rest.subspan(r.consumed);
       ++frames;
@@ -338,6 +393,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     Check(!n.Deadline().has_value());
   }
   h.TakeOutput(n, n.PendingOutput().size());
-  h.CheckWire();
+  h.CheckWire(n);
   return 0;
 }

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include "common/wire/terminate.h"
+
 #include <cstdint>
 #include <memory>
 #include <random>
@@ -18,6 +20,8 @@ namespace siwx::mpa {
 namespace {
 
 using Bytes = std::vector<std::uint8_t>;
+using rdmap::TerminateCause;
+using rdmap::TerminateCauseFromMpaError;
 
 MpaTime T(std::int64_t us) { return MpaTime(us); }
 Bytes Ascii(std::string_view s) { return Bytes(s.begin(), s.end()); }
@@ -118,6 +122,8 @@ struct Scenario {
   Bytes reply_pd;
   std::uint16_t accept_ird = 1;
   std::uint16_t accept_ord = 1;
+  std::uint16_t reject_ird = 0;
+  std::uint16_t reject_ord = 0;
 };
 
 struct Outcome {
@@ -138,7 +144,7 @@ Outcome Run(const Scenario& s, Chunking chunking, unsigned seed = 1) {
       o.resp->events.push_back(e);
       if (e.type != NegotiatorEventType::kRequestReceived) continue;
       const NegotiatorStatus st =
-          s.reject ? o.resp->n.Reject(s.reply_pd)
+          s.reject ? o.resp->n.Reject(s.reply_pd, s.reject_ird, s.reject_ord)
                    : o.resp->n.Accept(now, s.reply_pd, s.accept_ird, s.accept_ord);
       EXPECT_EQ(st, NegotiatorStatus::kOk);
       for (const NegotiatorEvent& e2 : DrainEvents(o.resp->n)) o.resp->events.push_back(e2);
@@ -161,12 +167,19 @@ std::string Describe(const Endpoint& e) {
   os << "state=" << NegotiatorStateName(e.n.state()) << " events=[";
   for (const NegotiatorEvent& ev : e.events) {
     os << NegotiatorEventTypeName(ev.type) << "/" << int(ev.error) << "/"
-       << StartupFailureName(ev.failure) << "/" << ev.by_peer << "/" << ev.reason << ";";
+       << StartupFailureName(ev.failure) << "/" << ev.by_peer << "/" << ev.send_terminate << "/"
+       << ev.reason << ";";
   }
   const NegotiatedParams& p = e.n.params();
   os << "] dialect=" << int(p.dialect) << " rev=" << int(p.revision) << " crc=" << p.crc
      << " mtx=" << p.markers_tx << " mrx=" << p.markers_rx << " x=" << p.ird_ord_exchanged
-     << " ird=" << p.ird << " ord=" << p.ord << " p2p=" << p.peer_to_peer << " rtr=" << int(p.rtr)
+     << " ird=" << p.ird << " ord=" << p.ord << " peer_word=";
+  if (p.peer_ird_ord) {
+    os << p.peer_ird_ord->ird << "," << p.peer_ird_ord->ord << "," << p.peer_ird_ord->peer_to_peer
+       << p.peer_ird_ord->send_rtr << p.peer_ird_ord->write_rtr << p.peer_ird_ord->read_rtr;
+  }
+  os << " p2p=" << p.peer_to_peer << " types=" << p.rtr_types.send << p.rtr_types.write
+     << p.rtr_types.read << " rtr=" << int(p.rtr)
      << " first=" << int(p.first_send) << " lpd=" << Hex(p.local_private_data)
      << " ppd=" << Hex(p.peer_private_data) << " sent=" << Hex(e.sent)
      << " residue=" << Hex(e.residue);
@@ -224,7 +237,10 @@ TEST_P(NegotiationMatrix, BackToBack) {
   s.accept_ord = 3;
   const Outcome o = RunAllWays(s);
 
-  // What the three dialects make of each other.
+  // What the three dialects make of each other. RFC 6581 10: a Responder
+  // without enhanced establishment closes on an enhanced Request; it does
+  // not answer it in Rev 1.
+  const bool enhanced_refused = di == MpaDialect::kV2 && dr != MpaDialect::kV2;
   MpaDialect dialect = MpaDialect::kV1;
   if (di == MpaDialect::kV2 && dr == MpaDialect::kV2) dialect = MpaDialect::kV2;
   if (di == MpaDialect::kV1Rtr && dr != MpaDialect::kV1) dialect = MpaDialect::kV1Rtr;
@@ -244,6 +260,19 @@ TEST_P(NegotiationMatrix, BackToBack) {
   EXPECT_EQ(PdLengthAt(iw, 0), (di == MpaDialect::kV2 ? 4 : 0) + 7);
   if (di == MpaDialect::kV2) {
     EXPECT_EQ(Bytes(iw.begin() + 20, iw.begin() + 24), Word(4, 8));  // IRD 4, ORD 8, no flags
+  }
+
+  if (enhanced_refused) {
+    EXPECT_TRUE(o.resp->sent.empty());  // no Reply at all
+    EXPECT_EQ(o.resp->n.state(), NegotiatorState::kFailed);
+    ASSERT_EQ(o.resp->events.size(), 1u);
+    EXPECT_EQ(o.resp->events[0].type, NegotiatorEventType::kFailed);
+    EXPECT_EQ(o.resp->events[0].error, MpaError::kInvalidStartupFrame);
+    EXPECT_EQ(o.resp->events[0].failure, StartupFailure::kEnhancedUnsupported);
+    EXPECT_FALSE(o.resp->events[0].send_terminate);
+    EXPECT_EQ(o.ini->n.state(), NegotiatorState::kAwaitingReply);  // until the close or timeout
+    EXPECT_TRUE(o.ini->events.empty());
+    return;
   }
 
   // The Reply as sent.
@@ -317,7 +346,16 @@ TEST_P(NegotiationMatrix, BackToBack) {
     EXPECT_EQ(p->crc, reply_c);
     EXPECT_FALSE(p->peer_to_peer);
     EXPECT_EQ(p->rtr, RtrType::kNone);
+    EXPECT_EQ(p->rtr_types, (RtrTypeSet{false, false, false}));
     EXPECT_EQ(p->ird_ord_exchanged, dialect == MpaDialect::kV2);
+  }
+  if (dialect == MpaDialect::kV2) {
+    // RFC 6581 9.1: each end passes the peer's word to its ULP unchanged.
+    EXPECT_EQ(ip.peer_ird_ord, (IrdOrdWord{8, 3, false, false, false, false}));
+    EXPECT_EQ(rp.peer_ird_ord, (IrdOrdWord{4, 8, false, false, false, false}));
+  } else {
+    EXPECT_EQ(ip.peer_ird_ord, std::nullopt);
+    EXPECT_EQ(rp.peer_ird_ord, std::nullopt);
   }
   EXPECT_EQ(ip.markers_tx, mr);
   EXPECT_EQ(ip.markers_rx, mi);
@@ -376,7 +414,7 @@ class RtrChoice : public ::testing::TestWithParam<RtrParam> {};
 
 RtrTypeSet SetFromMask(int m) { return {(m & 1) != 0, (m & 2) != 0, (m & 4) != 0}; }
 
-TEST_P(RtrChoice, PreferWriteThenReadThenSend) {
+TEST_P(RtrChoice, ResponderAdvertisesInitiatorPicks) {
   const auto [offered, accepted] = GetParam();
   Scenario s;
   s.ini.peer_to_peer = true;
@@ -384,41 +422,58 @@ TEST_P(RtrChoice, PreferWriteThenReadThenSend) {
   s.resp.rtr_types = SetFromMask(accepted);
   const Outcome o = RunAllWays(s);
 
+  // RFC 6581 9.2: the Responder flags every offered type it supports; when
+  // it supports none of them it MUST still flag at least one type it
+  // supports (here: all of them). The Initiator then picks (1.1) among the
+  // flagged types it offered, Write first, then Read, then Send.
   const int common = offered & accepted;
-  const RtrType expected = (common & 2)   ? RtrType::kWrite
-                           : (common & 4) ? RtrType::kRead
-                           : (common & 1) ? RtrType::kSend
+  const int advertised = common != 0 ? common : accepted;
+  const int usable = advertised & offered;
+  const RtrType expected = (usable & 2)   ? RtrType::kWrite
+                           : (usable & 4) ? RtrType::kRead
+                           : (usable & 1) ? RtrType::kSend
                                           : RtrType::kNone;
   // Request word: A=1, B from Send | IRD 1; C from Write, D from Read | ORD 1.
   EXPECT_EQ(Bytes(o.ini->sent.begin() + 20, o.ini->sent.begin() + 24),
             Word(0x8000 | ((offered & 1) ? 0x4000 : 0) | 1,
                  ((offered & 2) ? 0x8000 : 0) | ((offered & 4) ? 0x4000 : 0) | 1));
+  // Reply word: A echoed (9.2), the advertised types, IRD/ORD 1.
+  EXPECT_EQ(FlagsAt(o.resp->sent, 0), 0x1002);  // accepting, S, Rev 2
+  EXPECT_EQ(Bytes(o.resp->sent.begin() + 20, o.resp->sent.end()),
+            Word(0x8000 | ((advertised & 1) ? 0x4000 : 0) | 1,
+                 ((advertised & 2) ? 0x8000 : 0) | ((advertised & 4) ? 0x4000 : 0) | 1));
+  EXPECT_EQ(o.resp->n.offer().rtr_types, SetFromMask(advertised));
+  EXPECT_TRUE(o.resp->n.offer().peer_to_peer);
+
+  // The Responder is established either way and waits for the first FPDU,
+  // which must be one of the advertised RTR types; the choice is not its.
+  const NegotiatedParams& rp = o.resp->n.params();
+  EXPECT_EQ(o.resp->n.state(), NegotiatorState::kAwaitingFirstFpdu);
+  EXPECT_TRUE(rp.peer_to_peer);
+  EXPECT_EQ(rp.rtr_types, SetFromMask(advertised));
+  EXPECT_EQ(rp.rtr, RtrType::kNone);
+  EXPECT_EQ(rp.first_send, FirstSendRule::kAfterFirstFpdu);
+
   if (expected == RtrType::kNone) {
-    EXPECT_EQ(o.resp->n.state(), NegotiatorState::kRejected);
-    ASSERT_EQ(o.resp->events.size(), 1u);
-    EXPECT_EQ(o.resp->events[0].failure, StartupFailure::kNoMatchingRtr);
-    EXPECT_EQ(Pending(o.resp->n).size(), 0u);
-    EXPECT_EQ(FlagsAt(o.resp->sent, 0), 0x3002);  // R=1, enhanced, Rev 2
-    EXPECT_EQ(Bytes(o.resp->sent.begin() + 20, o.resp->sent.end()), Word(0, 0));
-    EXPECT_EQ(o.ini->n.state(), NegotiatorState::kRejected);
+    // 9.2: nothing the Initiator can send: Terminate LLP/MPA code 7, close.
+    EXPECT_EQ(o.ini->n.state(), NegotiatorState::kFailed);
+    ASSERT_EQ(o.ini->events.size(), 1u);
+    EXPECT_EQ(o.ini->events[0].type, NegotiatorEventType::kFailed);
+    EXPECT_EQ(o.ini->events[0].error, MpaError::kNoMatchingRtr);
+    EXPECT_EQ(o.ini->events[0].failure, StartupFailure::kNoMatchingRtr);
+    EXPECT_TRUE(o.ini->events[0].send_terminate);
     return;
   }
-  // Reply word grants exactly the chosen type.
-  EXPECT_EQ(Bytes(o.resp->sent.begin() + 20, o.resp->sent.begin() + 24),
-            Word(0x8000 | (expected == RtrType::kSend ? 0x4000 : 0) | 1,
-                 (expected == RtrType::kWrite ? 0x8000 : 0) |
-                     (expected == RtrType::kRead ? 0x4000 : 0) | 1));
-  EXPECT_EQ(o.resp->n.offer().rtr, expected);
-  for (const Endpoint* e : {o.ini.get(), o.resp.get()}) {
-    EXPECT_TRUE(e->n.params().peer_to_peer);
-    EXPECT_EQ(e->n.params().rtr, expected);
-  }
-  EXPECT_EQ(o.ini->n.params().first_send, FirstSendRule::kRtrFpduFirst);
-  EXPECT_EQ(o.resp->n.params().first_send, FirstSendRule::kAfterFirstFpdu);
+  const NegotiatedParams& ip = o.ini->n.params();
+  EXPECT_EQ(o.ini->n.state(), NegotiatorState::kFullOperation);
+  EXPECT_TRUE(ip.peer_to_peer);
+  EXPECT_EQ(ip.rtr, expected);
+  EXPECT_EQ(ip.rtr_types, SetFromMask(advertised));
+  EXPECT_EQ(ip.first_send, FirstSendRule::kRtrFpduFirst);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllMasks, RtrChoice,
-                         ::testing::Combine(::testing::Range(1, 8), ::testing::Range(0, 8)));
+                         ::testing::Combine(::testing::Range(1, 8), ::testing::Range(1, 8)));
 
 // ---------------------------------------------------------------------------
 // Exact bytes against Linux siw.
@@ -462,6 +517,26 @@ TEST(MpaNegotiator, ResponderAnswersLinuxSiwRequest) {
   EXPECT_EQ(n.params().ird, 1);
   EXPECT_EQ(n.params().ord, 1);
   EXPECT_FALSE(n.params().crc);
+  EXPECT_FALSE(n.params().peer_to_peer);
+  EXPECT_EQ(n.params().peer_ird_ord, (IrdOrdWord{1, 1, false, false, false, false}));
+}
+
+TEST(MpaNegotiator, ResponderAnswersPerftestZeroIrdOrd) {
+  // perftest send/write tests ask IRD 0 / ORD 0: the Reply never promises
+  // more than the Initiator can use (RFC 6581 9.1: ORD at most its IRD).
+  MpaNegotiator n(Responder());
+  ASSERT_EQ(n.Start(T(0)), NegotiatorStatus::kOk);
+  ASSERT_EQ(n.Feed(T(1), Frame(kReq, 0x1002, Word(0, 0))), 24u);
+  ASSERT_EQ(n.Accept(T(2), {}, 128, 128), NegotiatorStatus::kOk);
+  // clang-format off
+  EXPECT_EQ(Pending(n), Cat({Ascii(kRep),
+                             {0x10, 0x02,     // S | Rev 2
+                              0x00, 0x04,     // PD_Length 4
+                              0x00, 0x00,     // A=0 B=0 IRD 0
+                              0x00, 0x00}}));  // C=0 D=0 ORD 0
+  // clang-format on
+  EXPECT_EQ(n.params().ird, 0);
+  EXPECT_EQ(n.params().ord, 0);
 }
 
 TEST(MpaNegotiator, ResponderEchoesCrcOfLinuxSiwRequest) {
@@ -513,25 +588,49 @@ void ExpectFailed(const std::vector<NegotiatorEvent>& ev, MpaError error, Startu
   EXPECT_EQ(ev[0].error, error);
   EXPECT_EQ(ev[0].failure, failure);
   EXPECT_FALSE(ev[0].reason.empty());
+  EXPECT_FALSE(ev[0].send_terminate);  // just close
 }
 
-TEST(MpaNegotiator, V2InitiatorFallsBackOnRev1Reply) {
-  const InitiatorRun r = FeedInitiator(Initiator(), Frame(kRep, 0x0001, Ascii("hi")));
-  EXPECT_EQ(r.consumed, 22u);
+TEST(MpaNegotiator, V2InitiatorAcceptsLinuxSiwReply) {
+  // siw echoes IRD/ORD within its limits; its Res may carry its GSO bit.
+  for (std::uint16_t flags : {std::uint16_t{0x1002}, std::uint16_t{0x1802}}) {
+    const Bytes reply = Frame(kRep, flags, Word(1, 1));
+    const InitiatorRun r = FeedInitiator(Initiator(), reply);
+    EXPECT_EQ(r.consumed, 24u);
+    ASSERT_EQ(r.events.size(), 1u);
+    EXPECT_EQ(r.events[0].type, NegotiatorEventType::kEstablished);
+    EXPECT_EQ(r.n->params().dialect, MpaDialect::kV2);
+    EXPECT_EQ(r.n->params().ird, 1);
+    EXPECT_EQ(r.n->params().ord, 1);
+    EXPECT_EQ(r.n->params().first_send, FirstSendRule::kMayNow);
+  }
+}
+
+TEST(MpaNegotiator, V2InitiatorRefusesAnUnenhancedReply) {
+  // RFC 6581 10: "an enhanced responder is REQUIRED to respond with an
+  // enhanced RDMA connection establishment response, whereas an unenhanced
+  // responder treats the enhanced request as incorrectly formatted and
+  // closes the TCP connection." A Rev 1 Reply is neither: it is not a
+  // fallback. Accepting, rejecting, with S or without.
+  for (std::uint16_t flags : {std::uint16_t{0x0001}, std::uint16_t{0x2001}, std::uint16_t{0x1001},
+                              std::uint16_t{0x4001}}) {
+    const InitiatorRun r = FeedInitiator(Initiator(), Frame(kRep, flags, Ascii("hi")));
+    EXPECT_EQ(r.consumed, 22u) << flags;
+    ExpectFailed(r.events, MpaError::kInvalidStartupFrame, StartupFailure::kEnhancedMismatch);
+    EXPECT_FALSE(r.events[0].send_terminate);
+    EXPECT_EQ(r.n->state(), NegotiatorState::kFailed);
+    EXPECT_TRUE(Pending(*r.n).empty());
+  }
+}
+
+TEST(MpaNegotiator, V1InitiatorIgnoresAnUnofferedSBitInARev1Reply) {
+  // To a v1 Initiator the bit after R is reserved: not checked (RFC 5044
+  // 7.1.1), and no Rtr frame follows.
+  const InitiatorRun r = FeedInitiator(Initiator(MpaDialect::kV1), Frame(kRep, 0x1001));
   ASSERT_EQ(r.events.size(), 1u);
   EXPECT_EQ(r.events[0].type, NegotiatorEventType::kEstablished);
   EXPECT_EQ(r.n->params().dialect, MpaDialect::kV1);
-  EXPECT_EQ(r.n->params().revision, 1);
-  EXPECT_FALSE(r.n->params().ird_ord_exchanged);
-  EXPECT_EQ(r.n->params().peer_private_data, Ascii("hi"));
-}
-
-TEST(MpaNegotiator, V2InitiatorIgnoresAnUnofferedSBitInARev1Reply) {
-  const InitiatorRun r = FeedInitiator(Initiator(), Frame(kRep, 0x1001));
-  ASSERT_EQ(r.events.size(), 1u);
-  EXPECT_EQ(r.events[0].type, NegotiatorEventType::kEstablished);
-  EXPECT_EQ(r.n->params().dialect, MpaDialect::kV1);
-  EXPECT_TRUE(Pending(*r.n).empty());  // no Rtr frame: we never offered one
+  EXPECT_TRUE(Pending(*r.n).empty());
 }
 
 TEST(MpaNegotiator, SBitInitiatorFallsBackWhenReplyClearsS) {
@@ -562,34 +661,121 @@ TEST(MpaNegotiator, Rev2ReplyDroppingEnhancedBitFails) {
   ExpectFailed(r.events, MpaError::kInvalidStartupFrame, StartupFailure::kEnhancedMismatch);
 }
 
-TEST(MpaNegotiator, InsufficientIrd) {
+// A failure RFC 6581 answers with a Terminate (layer 2 LLP, type 0 MPA).
+void ExpectTerminate(const std::vector<NegotiatorEvent>& ev, MpaError error,
+                     StartupFailure failure) {
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].type, NegotiatorEventType::kFailed);
+  EXPECT_EQ(ev[0].error, error);
+  EXPECT_EQ(ev[0].failure, failure);
+  EXPECT_TRUE(ev[0].send_terminate);
+  EXPECT_FALSE(ev[0].reason.empty());
+}
+
+TEST(MpaNegotiator, InsufficientIrdSendsTerminateCode6) {
+  // RFC 6581 9.1: "If the initiator does not have sufficient resources for
+  // the required IRD, it MUST send a TERM message ... Layer 2, Error Type 0,
+  // Error Code 6."
   NegotiatorConfig c = Initiator();
   c.ird = 2;
+  c.crc = CrcPolicy::kRequire;
   const InitiatorRun r = FeedInitiator(c, Frame(kRep, 0x1002, Word(4, 3)));  // Responder ORD 3
-  ExpectFailed(r.events, MpaError::kInvalidStartupFrame, StartupFailure::kInsufficientIrd);
+  ExpectTerminate(r.events, MpaError::kInsufficientIrd, StartupFailure::kInsufficientIrd);
+  EXPECT_EQ(TerminateCauseFromMpaError(r.events[0].error), (TerminateCause{2, 0, 6}));
+  EXPECT_EQ(r.n->state(), NegotiatorState::kFailed);
+  EXPECT_TRUE(Pending(*r.n).empty());
+  // The Terminate is an FPDU: the framing the Reply settled is in params().
+  EXPECT_TRUE(r.n->params().crc);
+  EXPECT_FALSE(r.n->params().markers_tx);
+  // 9.1: the Responder's values still reach the ULP.
+  EXPECT_EQ(r.n->params().peer_ird_ord, (IrdOrdWord{4, 3, false, false, false, false}));
+
   const InitiatorRun ok = FeedInitiator(c, Frame(kRep, 0x1002, Word(4, 2)));
   ASSERT_EQ(ok.events.size(), 1u);
   EXPECT_EQ(ok.events[0].type, NegotiatorEventType::kEstablished);
-  EXPECT_EQ(ok.n->params().ird, 2);
+  EXPECT_EQ(ok.n->params().ird, 2);  // at least the Responder ORD 2
   EXPECT_EQ(ok.n->params().ord, 1);  // min(our ORD 1, Responder IRD 4)
 }
 
-TEST(MpaNegotiator, PeerToPeerInitiatorNeedsAGrantedRtr) {
+TEST(MpaNegotiator, AllOnesIrdOrdIsLeftToTheUlp) {
+  // RFC 6581 9.1: "The initiator MUST leave its local endpoint ORD value
+  // unchanged upon receiving a responder IRD value of 0x3FFF" and its IRD
+  // unchanged on a responder ORD of 0x3FFF (no insufficient-IRD check).
+  NegotiatorConfig c = Initiator();
+  c.ird = 4;
+  c.ord = 8;
+  const InitiatorRun both = FeedInitiator(c, Frame(kRep, 0x1002, Word(0x3FFF, 0x3FFF)));
+  ASSERT_EQ(both.events.size(), 1u);
+  EXPECT_EQ(both.events[0].type, NegotiatorEventType::kEstablished);
+  EXPECT_EQ(both.n->params().ird, 4);
+  EXPECT_EQ(both.n->params().ord, 8);
+  EXPECT_EQ(both.n->params().peer_ird_ord, (IrdOrdWord{0x3FFF, 0x3FFF, false, false, false, false}));
+  const InitiatorRun ird_only = FeedInitiator(c, Frame(kRep, 0x1002, Word(0x3FFF, 2)));
+  ASSERT_EQ(ird_only.events.size(), 1u);
+  EXPECT_EQ(ird_only.n->params().ird, 2);  // from the Responder ORD
+  EXPECT_EQ(ird_only.n->params().ord, 8);  // unchanged
+  const InitiatorRun ord_only = FeedInitiator(c, Frame(kRep, 0x1002, Word(5, 0x3FFF)));
+  ASSERT_EQ(ord_only.events.size(), 1u);
+  EXPECT_EQ(ord_only.n->params().ird, 4);  // unchanged
+  EXPECT_EQ(ord_only.n->params().ord, 5);  // min(8, Responder IRD 5)
+}
+
+TEST(MpaNegotiator, ResponderEchoesAllOnesIrdOrd) {
+  // RFC 6581 9.1: "The responder MUST respond to an initiator ORD value of
+  // 0x3FFF by leaving its local endpoint IRD value unchanged and setting the
+  // IRD to 0x3FFF in its reply message", and likewise for the IRD/ORD pair.
+  {
+    MpaNegotiator n(Responder());
+    ASSERT_EQ(n.Start(T(0)), NegotiatorStatus::kOk);
+    ASSERT_EQ(n.Feed(T(1), Frame(kReq, 0x1002, Word(0x3FFF, 0x3FFF))), 24u);
+    ASSERT_EQ(n.Accept(T(2), {}, 16, 8), NegotiatorStatus::kOk);
+    // clang-format off
+    EXPECT_EQ(Pending(n), Cat({Ascii(kRep),
+                               {0x10, 0x02,     // S | Rev 2
+                                0x00, 0x04,     // PD_Length 4
+                                0x3F, 0xFF,     // A=0 B=0 IRD 0x3FFF
+                                0x3F, 0xFF}}));  // C=0 D=0 ORD 0x3FFF
+    // clang-format on
+    EXPECT_EQ(n.params().ird, 16);  // local values unchanged
+    EXPECT_EQ(n.params().ord, 8);
+  }
+  {
+    MpaNegotiator n(Responder());
+    ASSERT_EQ(n.Start(T(0)), NegotiatorStatus::kOk);
+    ASSERT_EQ(n.Feed(T(1), Frame(kReq, 0x1002, Word(5, 0x3FFF))), 24u);  // only ORD is the ULP's
+    ASSERT_EQ(n.Accept(T(2), {}, 16, 8), NegotiatorStatus::kOk);
+    const Bytes out = Pending(n);
+    EXPECT_EQ(Bytes(out.begin() + 20, out.end()), Word(0x3FFF, 5));
+    EXPECT_EQ(n.params().ird, 16);
+    EXPECT_EQ(n.params().ord, 5);  // at most the Initiator IRD
+  }
+}
+
+TEST(MpaNegotiator, PeerToPeerInitiatorNeedsAnAdvertisedRtr) {
   NegotiatorConfig c = Initiator();
   c.peer_to_peer = true;
   c.rtr_types = {false, true, false};  // Write only
-  // A=1 but only Read granted: not what we offered.
-  ExpectFailed(FeedInitiator(c, Frame(kRep, 0x1002, Word(0x8001, 0x4001))).events,
-               MpaError::kInvalidStartupFrame, StartupFailure::kNoMatchingRtr);
-  // Write granted but A=0.
-  ExpectFailed(FeedInitiator(c, Frame(kRep, 0x1002, Word(0x0001, 0x8001))).events,
-               MpaError::kInvalidStartupFrame, StartupFailure::kNoMatchingRtr);
-  // Granted.
+  // RFC 6581 9.2: A=1 but only Read advertised: "not able to generate any
+  // of the responder-supported RTR indications" -> TERM code 7.
+  ExpectTerminate(FeedInitiator(c, Frame(kRep, 0x1002, Word(0x8001, 0x4001))).events,
+                  MpaError::kNoMatchingRtr, StartupFailure::kNoMatchingRtr);
+  // Write advertised but A=0: the Responder broke "MUST set Control Flag A
+  // to 1"; no compatible connection model -> TERM code 7; B/C/D ignored.
+  ExpectTerminate(FeedInitiator(c, Frame(kRep, 0x1002, Word(0x0001, 0x8001))).events,
+                  MpaError::kNoMatchingRtr, StartupFailure::kNoMatchingRtr);
+  EXPECT_EQ(TerminateCauseFromMpaError(MpaError::kNoMatchingRtr), (TerminateCause{2, 0, 7}));
+  // Advertised.
   const InitiatorRun r = FeedInitiator(c, Frame(kRep, 0x1002, Word(0x8001, 0x8001)));
   ASSERT_EQ(r.events.size(), 1u);
   EXPECT_EQ(r.events[0].type, NegotiatorEventType::kEstablished);
   EXPECT_EQ(r.n->params().rtr, RtrType::kWrite);
   EXPECT_EQ(r.n->params().first_send, FirstSendRule::kRtrFpduFirst);
+  // Several advertised: the choice is ours (RFC 6581 1.1).
+  c.rtr_types = {true, true, true};
+  const InitiatorRun all = FeedInitiator(c, Frame(kRep, 0x1002, Word(0xC001, 0xC001)));
+  ASSERT_EQ(all.events.size(), 1u);
+  EXPECT_EQ(all.n->params().rtr, RtrType::kWrite);
+  EXPECT_EQ(all.n->params().rtr_types, (RtrTypeSet{true, true, true}));
 }
 
 TEST(MpaNegotiator, ReadRtrNeedsAnOrdSlot) {
@@ -597,8 +783,8 @@ TEST(MpaNegotiator, ReadRtrNeedsAnOrdSlot) {
   c.peer_to_peer = true;
   c.rtr_types = {false, false, true};  // Read only
   // Responder IRD 0 leaves us ORD 0: the Read RTR cannot be sent.
-  ExpectFailed(FeedInitiator(c, Frame(kRep, 0x1002, Word(0x8000, 0x4001))).events,
-               MpaError::kInvalidStartupFrame, StartupFailure::kNoMatchingRtr);
+  ExpectTerminate(FeedInitiator(c, Frame(kRep, 0x1002, Word(0x8000, 0x4001))).events,
+                  MpaError::kNoMatchingRtr, StartupFailure::kNoMatchingRtr);
   // With ORD 0 configured, Read is not even offered: nothing left to offer.
   c.ord = 0;
   MpaNegotiator n(c);
@@ -608,11 +794,14 @@ TEST(MpaNegotiator, ReadRtrNeedsAnOrdSlot) {
 }
 
 TEST(MpaNegotiator, PeerToPeerBitsIgnoredWhenNotRequested) {
+  // A = 1 answering our A = 0 breaks RFC 6581 9.2; no RTR type was
+  // negotiated, so the client-server model stands.
   const InitiatorRun r = FeedInitiator(Initiator(), Frame(kRep, 0x1002, Word(0x8001, 0x8001)));
   ASSERT_EQ(r.events.size(), 1u);
   EXPECT_EQ(r.events[0].type, NegotiatorEventType::kEstablished);
   EXPECT_FALSE(r.n->params().peer_to_peer);
   EXPECT_EQ(r.n->params().rtr, RtrType::kNone);
+  EXPECT_EQ(r.n->params().rtr_types, (RtrTypeSet{false, false, false}));
   EXPECT_EQ(r.n->params().first_send, FirstSendRule::kMayNow);
 }
 
@@ -647,6 +836,12 @@ TEST(MpaNegotiator, PeerRejectKeepsPrivateDataAndLeavesTcpToTheUlp) {
   ASSERT_EQ(v2.events.size(), 1u);
   EXPECT_EQ(v2.events[0].type, NegotiatorEventType::kRejected);
   EXPECT_EQ(v2.n->params().peer_private_data, Ascii("full"));
+  // RFC 6581 9.1: the Responder's IRD/ORD reach the ULP for rejects too,
+  // e.g. the ORD it requires.
+  const InitiatorRun need = FeedInitiator(Initiator(), Frame(kRep, 0x3002, Word(0, 16)));
+  ASSERT_EQ(need.events.size(), 1u);
+  EXPECT_EQ(need.events[0].type, NegotiatorEventType::kRejected);
+  EXPECT_EQ(need.n->params().peer_ird_ord, (IrdOrdWord{0, 16, false, false, false, false}));
 }
 
 TEST(MpaNegotiator, InitiatorInitiatorIsDetected) {
@@ -727,18 +922,37 @@ ResponderRun FeedResponder(const NegotiatorConfig& c, const Bytes& bytes) {
   return r;
 }
 
-TEST(MpaNegotiator, V1ResponderAnswersV2RequestInRev1) {
-  ResponderRun r = FeedResponder(Responder(MpaDialect::kV1),
-                                 Frame(kReq, 0x1002, Cat({Word(5, 6), Ascii("app")})));
+TEST(MpaNegotiator, UnenhancedResponderClosesOnAnEnhancedRequest) {
+  // RFC 6581 10: "If the responder receives an enhanced MPA message and it
+  // does not support enhanced RDMA connection establishment, it MUST close
+  // the TCP connection and exit MPA." No Rev 1 Reply.
+  for (MpaDialect d : {MpaDialect::kV1, MpaDialect::kV1Rtr}) {
+    ResponderRun r =
+        FeedResponder(Responder(d), Frame(kReq, 0x1002, Cat({Word(5, 6), Ascii("app")})));
+    EXPECT_EQ(r.consumed, 27u);
+    ExpectFailed(r.events, MpaError::kInvalidStartupFrame, StartupFailure::kEnhancedUnsupported);
+    EXPECT_FALSE(r.events[0].send_terminate);
+    EXPECT_EQ(r.n->state(), NegotiatorState::kFailed);
+    EXPECT_TRUE(Pending(*r.n).empty());
+    EXPECT_EQ(r.n->offer().dialect, MpaDialect::kV2);
+    EXPECT_EQ(r.n->offer().private_data, Ascii("app"));  // the word is not the ULP's
+    EXPECT_EQ(r.n->Accept(T(11), {}, 7, 7), NegotiatorStatus::kWrongState);
+  }
+}
+
+TEST(MpaNegotiator, EnhancedResponderAnswersUnenhancedRequestsUnenhanced) {
+  // RFC 6581 6 and 10: a v2 host MUST keep accepting Rev 1 Requests and
+  // answers an unenhanced Request with an unenhanced Reply.
+  ResponderRun r = FeedResponder(Responder(), Frame(kReq, 0x4001, Ascii("v1")));
   ASSERT_EQ(r.events.size(), 1u);
-  EXPECT_EQ(r.n->offer().dialect, MpaDialect::kV2);
+  EXPECT_EQ(r.events[0].type, NegotiatorEventType::kRequestReceived);
   EXPECT_EQ(r.n->offer().answer_dialect, MpaDialect::kV1);
-  EXPECT_EQ(r.n->offer().private_data, Ascii("app"));  // the word is not the ULP's
-  ASSERT_EQ(r.n->Accept(T(11), Ascii("ok"), 7, 7), NegotiatorStatus::kOk);
-  EXPECT_EQ(Pending(*r.n), Frame(kRep, 0x0001, Ascii("ok")));
-  EXPECT_EQ(r.n->params().dialect, MpaDialect::kV1);
+  EXPECT_EQ(r.n->offer().ird_ord, std::nullopt);
+  ASSERT_EQ(r.n->Accept(T(11), Ascii("ok"), 7, 3), NegotiatorStatus::kOk);
+  EXPECT_EQ(Pending(*r.n), Frame(kRep, 0x4001, Ascii("ok")));  // C echoed, Rev 1, no word
   EXPECT_FALSE(r.n->params().ird_ord_exchanged);
   EXPECT_EQ(r.n->params().ird, 7);
+  EXPECT_EQ(r.n->params().ord, 3);
 }
 
 TEST(MpaNegotiator, Rev2RequestWithoutEnhancedBit) {
@@ -777,6 +991,12 @@ TEST(MpaNegotiator, ResponderRefusesMarkersItCannotSend) {
   // What siw does too: R set, IRD/ORD 0.
   EXPECT_EQ(Pending(*r.n), Frame(kRep, 0x3002, Word(0, 0)));
   EXPECT_EQ(r.n->Accept(T(12), {}, 1, 1), NegotiatorStatus::kWrongState);
+  // A rejecting Reply to a peer-to-peer Request still echoes A and flags the
+  // types this end supports (RFC 6581 9.2 speaks of the "MPA reply message").
+  ResponderRun p2p = FeedResponder(c, Frame(kReq, 0x9002, Word(0xC001, 0xC001)));
+  ASSERT_EQ(p2p.events.size(), 1u);
+  EXPECT_EQ(p2p.events[0].failure, StartupFailure::kMarkersRefused);
+  EXPECT_EQ(Pending(*p2p.n), Frame(kRep, 0x3002, Word(0x8000, 0xC000)));  // Write+Read, IRD/ORD 0
 }
 
 TEST(MpaNegotiator, ConsumerRejectSendsPrivateData) {
@@ -803,6 +1023,35 @@ TEST(MpaNegotiator, V2ConsumerRejectCarriesAZeroWord) {
   const Outcome o = RunAllWays(s);
   EXPECT_EQ(o.resp->sent, Frame(kRep, 0x3002, Cat({Word(0, 0), Ascii("no")})));
   EXPECT_EQ(o.ini->n.params().peer_private_data, Ascii("no"));
+}
+
+TEST(MpaNegotiator, V2ConsumerRejectStatesTheRequiredOrd) {
+  // RFC 6581 9.1: "The responder MAY reject the connection request if the
+  // initiator IRD is not sufficient for the ULP-required ORD and specify the
+  // required ORD in the MPA Reject Frame responder ORD."
+  Scenario s;
+  s.ini.ird = 2;
+  s.reject = true;
+  s.reject_ird = 4;
+  s.reject_ord = 16;
+  const Outcome o = RunAllWays(s);
+  // clang-format off
+  EXPECT_EQ(o.resp->sent, Cat({Ascii(kRep),
+                               {0x30, 0x02,     // R=1 S=1 | Rev 2
+                                0x00, 0x04,     // PD_Length 4
+                                0x00, 0x04,     // A=0 B=0 IRD 4
+                                0x00, 0x10}}));  // C=0 D=0 ORD 16: what the ULP needs
+  // clang-format on
+  EXPECT_EQ(o.ini->n.state(), NegotiatorState::kRejected);
+  EXPECT_EQ(o.ini->n.params().peer_ird_ord, (IrdOrdWord{4, 16, false, false, false, false}));
+
+  MpaNegotiator r(Responder());
+  ASSERT_EQ(r.Start(T(0)), NegotiatorStatus::kOk);
+  ASSERT_EQ(r.Feed(T(1), kSiwRequest), 24u);
+  EXPECT_EQ(r.Reject({}, 0x4000, 0), NegotiatorStatus::kInvalidArgument);
+  EXPECT_EQ(r.Reject({}, 0, 0x4000), NegotiatorStatus::kInvalidArgument);
+  EXPECT_TRUE(Pending(r).empty());
+  EXPECT_EQ(r.state(), NegotiatorState::kAwaitingConsumer);
 }
 
 TEST(MpaNegotiator, ResponderGotAReplyOrRtr) {
@@ -837,6 +1086,7 @@ TEST(MpaNegotiator, MalformedFramesCloseTheConnection) {
       ASSERT_EQ(r.n->Start(T(0)), NegotiatorStatus::kOk);
       r.n->ConsumeOutput(Pending(*r.n).size());
       r.n->Feed(T(1), c.bytes);
+      // Framing is unknown: close without a Terminate.
       ExpectFailed(DrainEvents(*r.n), MpaError::kInvalidStartupFrame, c.failure);
       EXPECT_EQ(r.n->state(), NegotiatorState::kFailed);
       EXPECT_TRUE(Pending(*r.n).empty());
@@ -1039,27 +1289,115 @@ TEST(MpaNegotiator, CallsInTheWrongStateOrWithBadArguments) {
   bad.peer_to_peer = true;
   bad.rtr_types = {false, false, false};
   EXPECT_EQ(MpaNegotiator(bad).Start(T(0)), NegotiatorStatus::kInvalidConfig);
+  // RFC 6581 9.2: "The responder MUST support at least one RTR indication
+  // option if it supports Enhanced RDMA connection establishment."
+  bad = Responder();
+  bad.rtr_types = {false, false, false};
+  MpaNegotiator no_rtr(bad);
+  EXPECT_EQ(no_rtr.Start(T(0)), NegotiatorStatus::kInvalidConfig);
+  EXPECT_EQ(no_rtr.state(), NegotiatorState::kIdle);
+  bad.dialect = MpaDialect::kV1Rtr;  // no enhanced establishment: no such duty
+  EXPECT_EQ(MpaNegotiator(bad).Start(T(0)), NegotiatorStatus::kOk);
 }
 
 TEST(MpaNegotiator, ReadRtrGrantNeedsAResponderIrd) {
   MpaNegotiator r(Responder());
   ASSERT_EQ(r.Start(T(0)), NegotiatorStatus::kOk);
   ASSERT_EQ(r.Feed(T(1), Frame(kReq, 0x1002, Word(0x8001, 0x4001))), 24u);  // p2p, Read, ORD 1
-  EXPECT_EQ(r.offer().rtr, RtrType::kRead);
+  EXPECT_EQ(r.offer().rtr_types, (RtrTypeSet{false, false, true}));
+  // Read is the only type to advertise and IRD 0 cannot serve it.
   EXPECT_EQ(r.Accept(T(2), {}, 0, 1), NegotiatorStatus::kInvalidArgument);
   EXPECT_TRUE(Pending(r).empty());
   ASSERT_EQ(r.Accept(T(2), {}, 1, 1), NegotiatorStatus::kOk);
   EXPECT_EQ(Pending(r), Frame(kRep, 0x1002, Word(0x8001, 0x4001)));
 }
 
-TEST(MpaNegotiator, ReadRtrIsNotGrantedToAnInitiatorWithoutOrd) {
+TEST(MpaNegotiator, ReadRtrDroppedWhenIrdIsZeroButOthersRemain) {
+  MpaNegotiator r(Responder());
+  ASSERT_EQ(r.Start(T(0)), NegotiatorStatus::kOk);
+  ASSERT_EQ(r.Feed(T(1), Frame(kReq, 0x1002, Word(0x8001, 0xC001))), 24u);  // Write + Read
+  EXPECT_EQ(r.offer().rtr_types, (RtrTypeSet{false, true, true}));
+  ASSERT_EQ(r.Accept(T(2), {}, 0, 1), NegotiatorStatus::kOk);
+  EXPECT_EQ(Pending(r), Frame(kRep, 0x1002, Word(0x8000, 0x8001)));  // A, IRD 0 | C, ORD 1
+  EXPECT_EQ(r.params().rtr_types, (RtrTypeSet{false, true, false}));
+}
+
+TEST(MpaNegotiator, ResponderRaisesIrdToCarryAReadRtr) {
+  // RFC 6581 9.1: "if the initiator ORD is 0 ... and the responder supports
+  // use of a zero-length RDMA Read RTR indication, then the responder IRD
+  // can be set to 1."
   MpaNegotiator r(Responder());
   ASSERT_EQ(r.Start(T(0)), NegotiatorStatus::kOk);
   ASSERT_EQ(r.Feed(T(1), Frame(kReq, 0x1002, Word(0x8001, 0x4000))), 24u);  // Read, ORD 0
   const auto ev = DrainEvents(r);
   ASSERT_EQ(ev.size(), 1u);
-  EXPECT_EQ(ev[0].type, NegotiatorEventType::kRejected);
-  EXPECT_EQ(ev[0].failure, StartupFailure::kNoMatchingRtr);
+  EXPECT_EQ(ev[0].type, NegotiatorEventType::kRequestReceived);
+  ASSERT_EQ(r.Accept(T(2), {}, 4, 4), NegotiatorStatus::kOk);
+  // clang-format off
+  EXPECT_EQ(Pending(r), Cat({Ascii(kRep),
+                             {0x10, 0x02,     // S | Rev 2
+                              0x00, 0x04,     // PD_Length 4
+                              0x80, 0x01,     // A=1 B=0 IRD 1 (raised from min(4, 0))
+                              0x40, 0x01}}));  // C=0 D=1 ORD min(4, peer IRD 1)
+  // clang-format on
+  EXPECT_EQ(r.params().ird, 1);
+  EXPECT_EQ(r.params().ord, 1);
+}
+
+TEST(MpaNegotiator, ResponderAdvertisesItsOwnTypesWhenNoOfferedOneFits) {
+  // RFC 6581 9.2: "If the responder does not support any of the
+  // initiator-specified RTR indication options, then the responder MUST set
+  // at least one RTR indication type option it supports." No reject.
+  NegotiatorConfig c = Responder();
+  c.rtr_types = {false, true, true};  // Write, Read
+  ResponderRun r = FeedResponder(c, Frame(kReq, 0x1002, Word(0xC001, 0x0001)));  // Send only
+  ASSERT_EQ(r.events.size(), 1u);
+  EXPECT_EQ(r.events[0].type, NegotiatorEventType::kRequestReceived);
+  ASSERT_EQ(r.n->Accept(T(11), {}, 1, 1), NegotiatorStatus::kOk);
+  EXPECT_EQ(Pending(*r.n), Frame(kRep, 0x1002, Word(0x8001, 0xC001)));
+  EXPECT_TRUE(r.n->params().peer_to_peer);
+  EXPECT_EQ(r.n->params().rtr, RtrType::kNone);
+}
+
+TEST(MpaNegotiator, ResponderFlagsEveryOfferedTypeItSupports) {
+  // RFC 6581 9.2: "For each initiator-supported RTR indication option, the
+  // responder SHOULD set the corresponding Control Flag if the responder
+  // can support that option"; the Initiator chooses (1.1).
+  NegotiatorConfig c = Responder();
+  c.rtr_types = {true, true, true};
+  ResponderRun r = FeedResponder(c, Frame(kReq, 0x1002, Word(0xC002, 0xC003)));
+  ASSERT_EQ(r.n->Accept(T(11), {}, 8, 8), NegotiatorStatus::kOk);
+  // clang-format off
+  EXPECT_EQ(Pending(*r.n), Cat({Ascii(kRep),
+                                {0x10, 0x02,     // S | Rev 2
+                                 0x00, 0x04,     // PD_Length 4
+                                 0xC0, 0x03,     // A=1 B=1 IRD min(8, 3)
+                                 0xC0, 0x02}}));  // C=1 D=1 ORD min(8, 2)
+  // clang-format on
+  EXPECT_EQ(r.n->params().rtr_types, (RtrTypeSet{true, true, true}));
+}
+
+TEST(MpaNegotiator, ResponderIgnoresRtrFlagsWithoutA) {
+  // RFC 6581 9.2: "On reception, if Control Flag A is set to 0, then
+  // Control Flags B, C, and D MUST be ignored"; the Reply keeps A = 0 and
+  // so B, C, D = 0.
+  ResponderRun r = FeedResponder(Responder(), Frame(kReq, 0x1002, Word(0x4001, 0xC001)));
+  ASSERT_EQ(r.events.size(), 1u);
+  EXPECT_FALSE(r.n->offer().peer_to_peer);
+  ASSERT_EQ(r.n->Accept(T(11), {}, 1, 1), NegotiatorStatus::kOk);
+  EXPECT_EQ(Pending(*r.n), Frame(kRep, 0x1002, Word(0x0001, 0x0001)));
+  EXPECT_FALSE(r.n->params().peer_to_peer);
+}
+
+TEST(MpaNegotiator, Rfc6581ErrorCodes) {
+  // RFC 6581 8: Layer 0x2 LLP, Error Type 0x0 MPA, codes 5, 6, 7.
+  EXPECT_EQ(static_cast<int>(MpaError::kLocalCatastrophic), 5);
+  EXPECT_EQ(static_cast<int>(MpaError::kInsufficientIrd), 6);
+  EXPECT_EQ(static_cast<int>(MpaError::kNoMatchingRtr), 7);
+  EXPECT_EQ(TerminateCauseFromMpaError(MpaError::kLocalCatastrophic), (TerminateCause{2, 0, 5}));
+  EXPECT_EQ(MpaErrorName(MpaError::kInsufficientIrd), "insufficient IRD resources");
+  EXPECT_EQ(MpaErrorName(MpaError::kNoMatchingRtr), "no matching RTR option");
+  EXPECT_EQ(MpaErrorName(MpaError::kLocalCatastrophic), "local catastrophic error");
 }
 
 TEST(MpaNegotiator, ConnectionClosedDuringStartup) {
@@ -1096,6 +1434,8 @@ TEST(MpaNegotiator, NamesArePinned) {
   EXPECT_EQ(FirstSendRuleName(FirstSendRule::kAfterFirstFpdu), "send after the first FPDU arrives");
   EXPECT_EQ(NegotiatorStateName(NegotiatorState::kAwaitingRtr), "awaiting Rtr");
   EXPECT_EQ(StartupFailureName(StartupFailure::kInitiatorInitiator), "Initiator/Initiator");
+  EXPECT_EQ(StartupFailureName(StartupFailure::kEnhancedUnsupported),
+            "enhanced establishment not supported");
   EXPECT_EQ(NegotiatorEventTypeName(NegotiatorEventType::kRejected), "rejected");
   EXPECT_EQ(NegotiatorStatusName(NegotiatorStatus::kPrivateDataTooLong), "private data too long");
 }

@@ -171,8 +171,8 @@ TEST(MpaStartupIrdOrd, EachBitAndValue) {
       {{0x40, 0x00, 0x00, 0x00}, {0, 0, false, true, false, false}},        // B: Send RTR
       {{0x00, 0x00, 0x80, 0x00}, {0, 0, false, false, true, false}},        // C: Write RTR
       {{0x00, 0x00, 0x40, 0x00}, {0, 0, false, false, false, true}},        // D: Read RTR
-      {{0x3F, 0xFF, 0x00, 0x00}, {0x3FFF, 0, false, false, false, false}},  // IRD max
-      {{0x00, 0x00, 0x3F, 0xFF}, {0, 0x3FFF, false, false, false, false}},  // ORD max
+      {{0x3F, 0xFF, 0x00, 0x00}, {0x3FFF, 0, false, false, false, false}},  // IRD 0x3FFF (9.1)
+      {{0x00, 0x00, 0x3F, 0xFF}, {0, 0x3FFF, false, false, false, false}},  // ORD 0x3FFF (9.1)
       {{0x12, 0x34, 0x23, 0x45}, {0x1234, 0x2345, false, false, false, false}},
       {{0xFF, 0xFF, 0xFF, 0xFF}, {0x3FFF, 0x3FFF, true, true, true, true}},
   };
@@ -183,6 +183,34 @@ TEST(MpaStartupIrdOrd, EachBitAndValue) {
     EncodeIrdOrdWord(c.word, out);
     EXPECT_EQ(Bytes(out, out + 4), c.wire);
   }
+}
+
+TEST(MpaStartupIrdOrd, ConstantsMatchRfc6581) {
+  // RFC 6581 6: S is the bit after R; 9: A/C top bit, B/D next, 14-bit
+  // values; 9.1: all ones (0x3FFF) leaves the value to the ULP.
+  EXPECT_EQ(kStartupFlagX, 0x1000);
+  EXPECT_EQ(kStartupResMask, 0x0F00);
+  EXPECT_EQ(kIrdOrdWordSize, 4u);
+  EXPECT_EQ(kIrdOrdFlagHigh, 0x8000);
+  EXPECT_EQ(kIrdOrdFlagLow, 0x4000);
+  EXPECT_EQ(kMaxIrdOrd, 0x3FFF);
+  EXPECT_EQ(kIrdOrdNotNegotiated, 0x3FFF);
+  EXPECT_EQ(kMaxUlpPrivateDataEnhanced, 508u);  // 9: "reduced by 4 bytes"
+}
+
+TEST(MpaStartupDecode, RtrFlagsWithoutAAreReportedAsReceived) {
+  // RFC 6581 9.2: B, C, D "MUST be ignored" when A is 0; ignoring is the
+  // negotiator's job, the codec shows the wire.
+  // clang-format off
+  const Bytes req = Cat({kReqKey,
+      {0x10, 0x02,     // S=1 | Rev 2
+       0x00, 0x04,     // PD_Length 4
+       0x40, 0x02,     // A=0 B=1 IRD 2
+       0xC0, 0x03}});  // C=1 D=1 ORD 3
+  // clang-format on
+  const StartupDecodeResult r = DecodeStartupFrame(req);
+  ASSERT_EQ(r.status, StartupDecodeStatus::kComplete);
+  EXPECT_EQ(r.frame.ird_ord, (IrdOrdWord{2, 3, false, true, true, true}));
 }
 
 TEST(MpaStartupIrdOrd, EncodeTruncatesTo14Bits) {
@@ -479,6 +507,23 @@ TEST(MpaStartupEncode, RefusesWhatASenderMustNotSend) {
     cases.push_back({s, StartupEncodeStatus::kPrivateDataTooLong});
   }
   {
+    // RFC 6581 9.2: "If Control Flag A is set to 0, then Control Flags B, C,
+    // and D MUST also be set to 0."
+    StartupFrameSpec s = base;
+    s.revision = 2;
+    s.x_bit = true;
+    s.ird_ord = IrdOrdWord{1, 1, false, true, false, false};
+    cases.push_back({s, StartupEncodeStatus::kRtrFlagsWithoutPeerToPeer});
+    s.ird_ord = IrdOrdWord{1, 1, false, false, true, false};
+    cases.push_back({s, StartupEncodeStatus::kRtrFlagsWithoutPeerToPeer});
+    s.ird_ord = IrdOrdWord{1, 1, false, false, false, true};
+    cases.push_back({s, StartupEncodeStatus::kRtrFlagsWithoutPeerToPeer});
+    s.ird_ord = IrdOrdWord{1, 1, true, true, true, true};
+    cases.push_back({s, StartupEncodeStatus::kOk});
+    s.ird_ord = IrdOrdWord{1, 1, true, false, false, false};  // A alone is legal on the wire
+    cases.push_back({s, StartupEncodeStatus::kOk});
+  }
+  {
     StartupFrameSpec s = base;
     s.ulp_private_data = pd512;
     cases.push_back({s, StartupEncodeStatus::kOk});
@@ -515,6 +560,8 @@ TEST(MpaStartupNames, ArePinned) {
   EXPECT_EQ(StartupFrameErrorName(StartupFrameError::kPrivateDataTooLong), "PD_Length exceeds 512");
   EXPECT_EQ(StartupEncodeStatusName(StartupEncodeStatus::kRejectInRequest),
             "R must be zero in a Request");
+  EXPECT_EQ(StartupEncodeStatusName(StartupEncodeStatus::kRtrFlagsWithoutPeerToPeer),
+            "RTR flags B, C, D must be zero when A is zero");
 }
 
 }  // namespace
