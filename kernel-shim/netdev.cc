@@ -1,0 +1,168 @@
+#include "kernel-shim/netdev.h"
+
+#include <linux/if.h>
+#include <linux/rtnetlink.h>
+#include <netlink/addr.h>
+#include <netlink/cache.h>
+#include <netlink/errno.h>
+#include <netlink/netlink.h>
+#include <netlink/route/addr.h>
+#include <netlink/route/link.h>
+#include <netlink/socket.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <set>
+#include <thread>
+
+#include "providers/siwx/log.h"
+
+namespace siwx::shim {
+namespace {
+
+struct SocketDeleter {
+  void operator()(nl_sock* sock) const { nl_socket_free(sock); }
+};
+struct CacheDeleter {
+  void operator()(nl_cache* cache) const { nl_cache_free(cache); }
+};
+using SocketPtr = std::unique_ptr<nl_sock, SocketDeleter>;
+using CachePtr = std::unique_ptr<nl_cache, CacheDeleter>;
+
+constexpr unsigned int kArpEther = 1;  // ARPHRD_ETHER
+
+}  // namespace
+
+bool LinkIsUp(unsigned int ifflags, std::uint8_t operstate) {
+  const bool running = (ifflags & IFF_UP) != 0 && (ifflags & IFF_RUNNING) != 0;
+  return running && (operstate == IF_OPER_UP || operstate == IF_OPER_UNKNOWN);
+}
+
+std::optional<std::vector<Netdev>> DiscoverNetdevs() {
+  SocketPtr sock(nl_socket_alloc());
+  if (!sock) {
+    SIWX_LOG(kError, "cannot list network interfaces: out of memory");
+    return std::nullopt;
+  }
+  if (int err = nl_connect(sock.get(), NETLINK_ROUTE); err < 0) {
+    SIWX_LOG(kError,
+             "cannot list network interfaces: rtnetlink socket: %s; "
+             "siwx needs NETLINK_ROUTE (is this a restricted sandbox?)",
+             nl_geterror(err));
+    return std::nullopt;
+  }
+  nl_cache* raw_links = nullptr;
+  if (int err = rtnl_link_alloc_cache(sock.get(), AF_UNSPEC, &raw_links); err < 0) {
+    SIWX_LOG(kError, "cannot list network interfaces: %s", nl_geterror(err));
+    return std::nullopt;
+  }
+  CachePtr links(raw_links);
+  nl_cache* raw_addrs = nullptr;
+  if (int err = rtnl_addr_alloc_cache(sock.get(), &raw_addrs); err < 0) {
+    SIWX_LOG(kError, "cannot list interface addresses: %s", nl_geterror(err));
+    return std::nullopt;
+  }
+  CachePtr addrs(raw_addrs);
+
+  std::set<int> with_address;
+  for (nl_object* obj = nl_cache_get_first(addrs.get()); obj != nullptr;
+       obj = nl_cache_get_next(obj)) {
+    auto* addr = reinterpret_cast<rtnl_addr*>(obj);
+    const int family = rtnl_addr_get_family(addr);
+    if (family == AF_INET || family == AF_INET6) with_address.insert(rtnl_addr_get_ifindex(addr));
+  }
+
+  std::vector<Netdev> result;
+  for (nl_object* obj = nl_cache_get_first(links.get()); obj != nullptr;
+       obj = nl_cache_get_next(obj)) {
+    auto* link = reinterpret_cast<rtnl_link*>(obj);
+    const int ifindex = rtnl_link_get_ifindex(link);
+    if (ifindex <= 0 || with_address.count(ifindex) == 0) continue;
+    const char* name = rtnl_link_get_name(link);
+    if (name == nullptr || name[0] == '\0') continue;
+    Netdev dev;
+    dev.ifindex = static_cast<std::uint32_t>(ifindex);
+    dev.name = name;
+    dev.mtu = rtnl_link_get_mtu(link);
+    const unsigned int flags = rtnl_link_get_flags(link);
+    dev.up = LinkIsUp(flags, rtnl_link_get_operstate(link));
+    nl_addr* lladdr = rtnl_link_get_addr(link);
+    if (lladdr != nullptr && rtnl_link_get_arptype(link) == kArpEther &&
+        nl_addr_get_len(lladdr) == dev.mac.size()) {
+      std::memcpy(dev.mac.data(), nl_addr_get_binary_addr(lladdr), dev.mac.size());
+    }
+    result.push_back(std::move(dev));
+  }
+  std::sort(result.begin(), result.end(),
+            [](const Netdev& a, const Netdev& b) { return a.ifindex < b.ifindex; });
+  return result;
+}
+
+namespace {
+
+int CountMessage(nl_msg* /*msg*/, void* arg) {
+  *static_cast<int*>(arg) += 1;
+  return NL_OK;
+}
+
+void MonitorLoop(nl_sock* raw_sock, std::function<void()> on_change) {
+  SocketPtr sock(raw_sock);
+  int messages = 0;
+  nl_socket_modify_cb(sock.get(), NL_CB_VALID, NL_CB_CUSTOM, CountMessage, &messages);
+  for (;;) {
+    messages = 0;
+    const int err = nl_recvmsgs_default(sock.get());
+    if (err < 0 && err != -NLE_INTR && err != -NLE_AGAIN && err != -NLE_NOMEM) {
+      SIWX_LOG(kWarn, "network interface monitor stopped: %s; port states will no "
+                      "longer follow link changes", nl_geterror(err));
+      return;
+    }
+    // -NLE_NOMEM: the kernel dropped notifications (ENOBUFS); re-read anyway.
+    if (messages > 0 || err == -NLE_NOMEM) on_change();
+  }
+}
+
+}  // namespace
+
+bool StartNetdevMonitor(std::function<void()> on_change) {
+  SocketPtr sock(nl_socket_alloc());
+  if (!sock) return false;
+  nl_socket_disable_seq_check(sock.get());
+  if (int err = nl_connect(sock.get(), NETLINK_ROUTE); err < 0) {
+    SIWX_LOG(kWarn, "cannot watch network interfaces: %s; port states will not "
+                    "follow link changes", nl_geterror(err));
+    return false;
+  }
+  if (int err = nl_socket_add_memberships(sock.get(), RTNLGRP_LINK, RTNLGRP_IPV4_IFADDR,
+                                          RTNLGRP_IPV6_IFADDR, 0);
+      err < 0) {
+    SIWX_LOG(kWarn, "cannot watch network interfaces: %s; port states will not "
+                    "follow link changes", nl_geterror(err));
+    return false;
+  }
+  // The thread inherits the signal mask: block everything while creating it.
+  sigset_t all;
+  sigset_t saved;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &saved);
+  bool started = true;
+  try {
+    std::thread(MonitorLoop, sock.get(), std::move(on_change)).detach();
+  } catch (...) {
+    started = false;
+  }
+  pthread_sigmask(SIG_SETMASK, &saved, nullptr);
+  if (!started) {
+    SIWX_LOG(kWarn, "cannot start the network interface monitor thread; port states "
+                    "will not follow link changes");
+    return false;
+  }
+  sock.release();  // owned by the thread
+  return true;
+}
+
+}  // namespace siwx::shim

@@ -1,0 +1,46 @@
+// Network interfaces that get a siwx device: every interface with at least
+// one IPv4 or IPv6 address, found through libnl's route caches (links and
+// addresses over NETLINK_ROUTE), with what the device needs to know of it:
+// index, name, MTU, MAC, and whether it is operationally up.
+//
+// "Up" means the port is ACTIVE: the link is IFF_UP and IFF_RUNNING (carrier,
+// or for loopback, whose operstate stays UNKNOWN, simply running) and its
+// operstate is UP or UNKNOWN. Anything else (DOWN, DORMANT, LOWERLAYERDOWN,
+// no carrier) is a DOWN port, as a kernel iWARP device reports it.
+//
+// StartNetdevMonitor listens for link and address changes (RTNLGRP_LINK and
+// the IPv4/IPv6 address groups) on its own thread and calls back after each
+// batch of notifications; the callback re-reads the interfaces.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace siwx::shim {
+
+struct Netdev {
+  std::uint32_t ifindex = 0;
+  std::string name;
+  std::uint32_t mtu = 0;
+  std::array<std::uint8_t, 6> mac{};  // zero without an Ethernet-style address
+  bool up = false;                    // see the file comment
+};
+
+// The interfaces with an address, in ifindex order. std::nullopt (and a log
+// line saying why) if netlink cannot be read.
+std::optional<std::vector<Netdev>> DiscoverNetdevs();
+
+// Whether a link with these properties counts as up (exposed for tests).
+bool LinkIsUp(unsigned int ifflags, std::uint8_t operstate);
+
+// Starts the listening thread; false (logged) if netlink is unavailable.
+// `on_change` runs on that thread, which blocks every signal so it never
+// runs the application's handlers. The thread runs until the process exits:
+// a preloaded library has no safe point to stop it.
+bool StartNetdevMonitor(std::function<void()> on_change);
+
+}  // namespace siwx::shim
