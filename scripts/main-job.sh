@@ -10,14 +10,16 @@ cmake --preset release >/dev/null
 ninja -C build/release
 
 launcher=build/release/kernel-shim/siwx-run
-if [ ! -x "$launcher" ]; then
+cm_library=build/release/rdmacm-ext/librdmacm-siwx.so
+if [ ! -f "$cm_library" ]; then
+  # The device is there; unmodified applications still need QPs and the
+  # connection manager.
+  "$launcher" ibv_devinfo -d siwx_lo
   cat >&2 <<'MSG'
-siwx: the device is not ready yet. This build has the iWARP wire layer
-(MPA framing, markers, CRC32c, startup negotiation, DDP/RDMAP codecs) and the
-engine's verbs objects; the libibverbs provider, the siwx-run launcher and the
-connection manager that unmodified applications need have not landed yet.
-What works today: scripts/run-tests.sh, and the wire benchmark:
-  build/release/benchmarks/wire_bench
+siwx: the device is attached (above), but it cannot run an application yet:
+the provider's QP verbs and the rdma_cm connection manager have not landed.
+What works today: scripts/run-tests.sh, `build/release/kernel-shim/siwx-run
+ibv_devinfo -v`, and the wire benchmark build/release/benchmarks/wire_bench.
 MSG
   exit 69
 fi
