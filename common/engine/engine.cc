@@ -1,0 +1,200 @@
+#include "common/engine/engine.h"
+
+#include <array>
+#include <utility>
+
+namespace siwx::engine {
+
+std::unique_ptr<Engine> Engine::Create(EngineConfig config) {
+  std::unique_ptr<Engine> engine(new Engine(std::move(config)));
+  if (!engine->Start()) return nullptr;
+  return engine;
+}
+
+Engine::Engine(EngineConfig config) : config_(std::move(config)), memory_(config_.memory) {}
+
+bool Engine::Start() {
+  if (poller_.Add(doorbell_.fd(), &doorbell_, /*want_read=*/true, /*want_write=*/false) != 0) {
+    return false;
+  }
+  std::lock_guard lock(command_mutex_);
+  thread_ = std::thread([this] {
+    {
+      // Start() publishes thread_id_ under this lock before the loop runs.
+      std::lock_guard started(command_mutex_);
+    }
+    Run();
+  });
+  thread_id_ = thread_.get_id();
+  return true;
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard lock(command_mutex_);
+    stopping_ = true;
+  }
+  stop_.store(true, std::memory_order_release);
+  doorbell_.Ring();
+  if (thread_.joinable()) thread_.join();
+  // Commands submitted before the thread stopped still run, in order (their
+  // waiters were told not to wait once stopping_ was set).
+  RunCommands();
+  std::unordered_map<std::uint32_t, std::shared_ptr<Qp>> remaining;
+  {
+    std::lock_guard lock(registry_mutex_);
+    remaining.swap(qps_);
+  }
+  for (auto& [num, qp] : remaining) {
+    qp->destroyed_.store(true, std::memory_order_release);
+    qp->Detach();
+  }
+}
+
+bool Engine::OnProgressThread() const { return std::this_thread::get_id() == thread_id_; }
+
+std::shared_ptr<Qp> Engine::CreateQp(const QpConfig& config, CreateQpStatus* status) {
+  auto fail = [&](CreateQpStatus s) {
+    if (status != nullptr) *status = s;
+    return std::shared_ptr<Qp>();
+  };
+  if (config.pd == kNoPd || config.send_cq == nullptr || config.recv_cq == nullptr ||
+      !CapsSupported(config.sq_caps) || config.max_ird > kMaxReadDepth ||
+      config.max_ord > kMaxReadDepth) {
+    return fail(CreateQpStatus::kInvalidConfig);
+  }
+  std::unique_ptr<ReceiveQueue> own_rq;
+  if (config.srq != nullptr) {
+    if (config.srq->kind() != ReceiveQueue::Kind::kShared) {
+      return fail(CreateQpStatus::kInvalidConfig);
+    }
+  } else {
+    QueueCaps rq_caps = config.rq_caps;
+    rq_caps.max_inline_data = 0;
+    own_rq = ReceiveQueue::Create(ReceiveQueue::Kind::kQueuePair, rq_caps);
+    if (!own_rq) return fail(CreateQpStatus::kInvalidConfig);
+  }
+
+  std::lock_guard lock(registry_mutex_);
+  // qp_nums 1..2^24-1 (the verbs qp_num space), skipping live ones.
+  constexpr std::uint32_t kMaxQpNum = 0x00FFFFFFu;
+  std::uint32_t num = 0;
+  for (std::uint32_t tries = 0; tries < kMaxQpNum; ++tries) {
+    const std::uint32_t candidate = next_qp_num_;
+    next_qp_num_ = candidate == kMaxQpNum ? 1 : candidate + 1;
+    if (qps_.find(candidate) == qps_.end()) {
+      num = candidate;
+      break;
+    }
+  }
+  if (num == 0) return fail(CreateQpStatus::kNoResources);
+  std::shared_ptr<Qp> qp(new Qp(this, num, config, std::move(own_rq)));
+  qps_.emplace(num, qp);
+  if (status != nullptr) *status = CreateQpStatus::kOk;
+  return qp;
+}
+
+std::shared_ptr<Qp> Engine::FindQp(std::uint32_t qp_num) const {
+  std::lock_guard lock(registry_mutex_);
+  const auto it = qps_.find(qp_num);
+  return it == qps_.end() ? nullptr : it->second;
+}
+
+std::size_t Engine::qp_count() const {
+  std::lock_guard lock(registry_mutex_);
+  return qps_.size();
+}
+
+void Engine::Unregister(std::uint32_t qp_num) {
+  std::shared_ptr<Qp> keep;  // released outside the lock
+  std::lock_guard lock(registry_mutex_);
+  const auto it = qps_.find(qp_num);
+  if (it == qps_.end()) return;
+  keep = std::move(it->second);
+  qps_.erase(it);
+}
+
+std::uint64_t Engine::Submit(Command command) {
+  std::uint64_t ticket;
+  {
+    std::lock_guard lock(command_mutex_);
+    commands_.push_back(std::move(command));
+    ticket = ++submitted_ticket_;
+  }
+  doorbell_.Ring();
+  return ticket;
+}
+
+void Engine::SubmitAndWait(Command command) {
+  const std::uint64_t ticket = Submit(std::move(command));
+  if (OnProgressThread()) return;
+  std::unique_lock lock(command_mutex_);
+  command_cv_.wait(lock, [&] { return completed_ticket_ >= ticket || stopping_; });
+}
+
+void Engine::Emit(const AsyncEvent& event) const {
+  if (config_.on_async_event) config_.on_async_event(event);
+}
+
+void Engine::Run() {
+  std::array<transport::Poller::Event, 64> events{};
+  while (!stop_.load(std::memory_order_acquire)) {
+    const int n = poller_.Wait(events, -1);
+    bool rung = false;
+    for (int i = 0; i < n; ++i) {
+      const transport::Poller::Event& ev = events[static_cast<std::size_t>(i)];
+      if (ev.cookie == &doorbell_) {
+        rung = true;
+        continue;
+      }
+      // Valid: the registry keeps the QP alive until its detach command,
+      // which runs only after this batch.
+      static_cast<Qp*>(ev.cookie)->OnPollEvent(ev.readable, ev.writable, ev.hangup);
+    }
+    if (rung) doorbell_.Drain();
+    RunCommands();
+  }
+}
+
+void Engine::RunCommands() {
+  for (;;) {
+    std::vector<Command> batch;
+    {
+      std::lock_guard lock(command_mutex_);
+      if (commands_.empty()) return;
+      batch.swap(commands_);
+    }
+    for (const Command& command : batch) {
+      Execute(command);
+      {
+        std::lock_guard lock(command_mutex_);
+        ++completed_ticket_;
+      }
+      command_cv_.notify_all();
+    }
+  }
+}
+
+void Engine::Execute(const Command& command) {
+  Qp& qp = *command.qp;
+  switch (command.kind) {
+    case CommandKind::kAttach:
+      qp.Attach();
+      break;
+    case CommandKind::kFinalize:
+      qp.Finalize(command.flags);
+      break;
+    case CommandKind::kDetach:
+      qp.Detach();
+      Unregister(qp.qp_num());
+      break;
+    case CommandKind::kFlushReceives:
+      qp.FlushReceives();
+      break;
+    case CommandKind::kKickTx:
+      qp.KickTx();
+      break;
+  }
+}
+
+}  // namespace siwx::engine

@@ -1,0 +1,120 @@
+// The device context of the engine: the memory table (PDs and STags), the
+// QP registry with its qp_num allocation, the async-event callback, and the
+// progress thread.
+//
+// The progress thread blocks in epoll_wait on every bound QP's socket and on
+// a Doorbell (eventfd); it never busy-polls (research/perf-anchors.md 2.7:
+// spinning engine threads destroy latency on a 2-vCPU host). It does all
+// receive processing (so an RDMA Write target makes progress while its
+// application does nothing), produces Read Responses, continues transmitting
+// when a socket becomes writable, and runs the commands application threads
+// hand it (attach a stream, finalize a QP after an error or close, detach
+// on destroy, flush receives, take over a transmit turn).
+//
+// Ownership and ordering: `registry_mutex_` guards the QP map and the qp_num
+// counter; the map holds a shared_ptr to every live QP, which keeps a QP
+// alive while its socket is in the poller (the epoll cookie is the raw Qp
+// pointer). A QP leaves the map in its detach command, which runs after the
+// current batch of epoll events, so a cookie in a batch always names a live
+// QP. `command_mutex_` guards the command list and the completed-ticket
+// counter; commands run in submission order on the progress thread, and
+// SubmitAndWait waits on `command_cv_` for its ticket (never when called on
+// the progress thread itself, where it only submits).
+//
+// Limits: one progress thread per Engine; Engine must outlive every use of
+// its QPs. Destroying the Engine destroys the remaining QPs (no completions).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "common/engine/memory.h"
+#include "common/engine/qp.h"
+#include "common/transport/tcp_stream.h"
+
+namespace siwx::engine {
+
+struct EngineConfig {
+  MemoryTable::Options memory;
+  AsyncEventCallback on_async_event;  // called on the thread that found the event
+};
+
+enum class CreateQpStatus : std::uint8_t {
+  kOk = 0,
+  kInvalidConfig,  // null CQ, no PD, unsupported caps, SRQ not shared
+  kNoResources,    // no qp_num left
+};
+
+class Engine {
+ public:
+  // nullptr if the poller or doorbell could not be created.
+  static std::unique_ptr<Engine> Create(EngineConfig config = {});
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  MemoryTable& memory() { return memory_; }
+  const MemoryTable& memory() const { return memory_; }
+
+  // A new QP in RESET. qp_nums are unique among live QPs.
+  std::shared_ptr<Qp> CreateQp(const QpConfig& config, CreateQpStatus* status = nullptr);
+  std::shared_ptr<Qp> FindQp(std::uint32_t qp_num) const;
+  std::size_t qp_count() const;
+
+  // True on the progress thread.
+  bool OnProgressThread() const;
+
+ private:
+  friend class Qp;
+  friend class QpTx;
+  friend class QpRx;
+
+  enum class CommandKind : std::uint8_t { kAttach, kFinalize, kDetach, kFlushReceives, kKickTx };
+  struct Command {
+    CommandKind kind = CommandKind::kKickTx;
+    std::shared_ptr<Qp> qp;
+    std::uint32_t flags = 0;
+  };
+
+  explicit Engine(EngineConfig config);
+  bool Start();
+  void Run();
+  void RunCommands();
+  void Execute(const Command& command);
+  // Queues a command for the progress thread; returns its ticket.
+  std::uint64_t Submit(Command command);
+  // Submits and waits until it ran, unless on the progress thread or the
+  // engine is stopping (then it only submits).
+  void SubmitAndWait(Command command);
+  void Emit(const AsyncEvent& event) const;
+  transport::Poller& poller() { return poller_; }
+  void Unregister(std::uint32_t qp_num);
+
+  const EngineConfig config_;
+  MemoryTable memory_;
+  transport::Poller poller_;
+  transport::Doorbell doorbell_;
+
+  mutable std::mutex registry_mutex_;
+  std::unordered_map<std::uint32_t, std::shared_ptr<Qp>> qps_;  // guarded by registry_mutex_
+  std::uint32_t next_qp_num_ = 1;                              // guarded by registry_mutex_
+
+  std::mutex command_mutex_;
+  std::condition_variable command_cv_;
+  std::vector<Command> commands_;       // guarded by command_mutex_
+  std::uint64_t submitted_ticket_ = 0;  // guarded by command_mutex_
+  std::uint64_t completed_ticket_ = 0;  // guarded by command_mutex_
+  bool stopping_ = false;               // guarded by command_mutex_
+  std::thread::id thread_id_;           // written before the thread runs (under command_mutex_)
+
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace siwx::engine

@@ -1,0 +1,633 @@
+#include "common/engine/qp.h"
+
+#include <algorithm>
+#include <array>
+#include <thread>
+#include <utility>
+
+#include "common/engine/engine.h"
+
+namespace siwx::engine {
+namespace {
+
+// The QP whose transmit gate this thread holds (innermost), so that calls
+// made from inside a pump (callbacks) never wait for the progress thread,
+// which may itself be waiting for this gate.
+thread_local const Qp* tls_tx_owner = nullptr;
+
+WcOpcode WcOpcodeOf(SendOpcode opcode) {
+  switch (opcode) {
+    case SendOpcode::kSend:
+    case SendOpcode::kSendWithInvalidate:
+    case SendOpcode::kSendWithSolicitedEvent:
+    case SendOpcode::kSendWithSeAndInvalidate:
+      return WcOpcode::kSend;
+    case SendOpcode::kRdmaWrite:
+      return WcOpcode::kRdmaWrite;
+    case SendOpcode::kRdmaRead:
+      return WcOpcode::kRdmaRead;
+    case SendOpcode::kLocalInvalidate:
+      return WcOpcode::kLocalInv;
+  }
+  return WcOpcode::kSend;
+}
+
+}  // namespace
+
+AsyncEventType EventForCause(const rdmap::TerminateCause& cause) {
+  using rdmap::TerminateLayer;
+  if (cause.layer == static_cast<std::uint8_t>(TerminateLayer::kRdmap)) {
+    if (cause.etype == static_cast<std::uint8_t>(rdmap::RdmapErrorType::kRemoteProtection)) {
+      return AsyncEventType::kQpAccessError;
+    }
+    if (cause.etype == static_cast<std::uint8_t>(rdmap::RdmapErrorType::kRemoteOperation)) {
+      return AsyncEventType::kQpRequestError;
+    }
+  } else if (cause.layer == static_cast<std::uint8_t>(TerminateLayer::kDdp)) {
+    if (cause.etype == static_cast<std::uint8_t>(rdmap::DdpErrorType::kTaggedBuffer)) {
+      return AsyncEventType::kQpAccessError;
+    }
+    if (cause.etype == static_cast<std::uint8_t>(rdmap::DdpErrorType::kUntaggedBuffer)) {
+      return AsyncEventType::kQpRequestError;
+    }
+  }
+  return AsyncEventType::kQpFatal;
+}
+
+WcStatus StatusForPeerCause(const rdmap::TerminateCause& cause) {
+  using rdmap::TerminateLayer;
+  if (cause.layer == static_cast<std::uint8_t>(TerminateLayer::kRdmap)) {
+    if (cause.etype == static_cast<std::uint8_t>(rdmap::RdmapErrorType::kRemoteProtection)) {
+      return WcStatus::kRemAccessErr;
+    }
+    return WcStatus::kRemOpErr;
+  }
+  if (cause.layer == static_cast<std::uint8_t>(TerminateLayer::kDdp)) {
+    if (cause.etype == static_cast<std::uint8_t>(rdmap::DdpErrorType::kTaggedBuffer)) {
+      return WcStatus::kRemAccessErr;
+    }
+    if (cause.etype == static_cast<std::uint8_t>(rdmap::DdpErrorType::kUntaggedBuffer)) {
+      // No buffer: the responder lacked a resource; everything else on an
+      // untagged queue (MSN, MO, QN, length, version) is an invalid request.
+      return cause.ecode == static_cast<std::uint8_t>(rdmap::DdpUntaggedErrorCode::kNoBuffer)
+                 ? WcStatus::kRemOpErr
+                 : WcStatus::kRemInvReqErr;
+    }
+  }
+  return WcStatus::kRemOpErr;
+}
+
+Qp::Qp(Engine* engine, std::uint32_t qp_num, const QpConfig& config,
+       std::unique_ptr<ReceiveQueue> own_rq)
+    : engine_(engine),
+      qp_num_(qp_num),
+      config_(config),
+      own_rq_(std::move(own_rq)),
+      rq_(own_rq_ ? own_rq_.get() : config.srq),
+      tx_(*this),
+      rx_(*this) {
+  sq_.slots.resize(config_.sq_caps.max_wr);
+}
+
+Qp::~Qp() = default;
+
+// ---- Transmit gate ----
+
+void Qp::KickTx() {
+  if (tx_gate_.fetch_add(1, std::memory_order_acq_rel) != 0) return;  // the owner pumps again
+  RunTx(1);
+}
+
+void Qp::RunTx(std::uint32_t seen) {
+  const Qp* outer = tls_tx_owner;
+  tls_tx_owner = this;
+  bool more = false;
+  for (;;) {
+    more = tx_.Pump();
+    const std::uint32_t left = tx_gate_.fetch_sub(seen, std::memory_order_acq_rel) - seen;
+    if (left == 0) break;
+    seen = left;
+  }
+  tls_tx_owner = outer;
+  // The budget ran out with work left: let the progress thread take the
+  // next turn after it has served the other QPs.
+  if (more && !destroyed_.load(std::memory_order_acquire)) {
+    engine_->Submit({Engine::CommandKind::kKickTx, shared_from_this(), 0});
+  }
+}
+
+void Qp::LockTxExclusive() {
+  std::uint32_t expected = 0;
+  while (!tx_gate_.compare_exchange_weak(expected, 1, std::memory_order_acq_rel,
+                                         std::memory_order_relaxed)) {
+    expected = 0;
+    // An inline owner is in a bounded, non-blocking pump.
+    std::this_thread::yield();
+  }
+}
+
+void Qp::UnlockTxExclusive() {
+  const std::uint32_t left = tx_gate_.fetch_sub(1, std::memory_order_acq_rel) - 1;
+  if (left != 0) RunTx(left);  // kicks that arrived meanwhile
+}
+
+// ---- Posting ----
+
+PostStatus Qp::PostSend(const SendWorkRequest& wr) {
+  std::size_t posted = 0;
+  return PostSend(std::span<const SendWorkRequest>(&wr, 1), &posted);
+}
+
+PostStatus Qp::PostSend(std::span<const SendWorkRequest> wrs, std::size_t* posted) {
+  std::size_t count = 0;
+  PostStatus status = PostStatus::kOk;
+  bool flushed = false;
+  if (destroyed_.load(std::memory_order_acquire)) {
+    status = PostStatus::kInvalidState;
+  } else {
+    std::lock_guard lock(queue_mutex_);
+    for (const SendWorkRequest& wr : wrs) {
+      status = ValidateSendWorkRequest(wr, config_.sq_caps);
+      if (status != PostStatus::kOk) break;
+      const PostDisposition disposition = SendPostDisposition(state_.state());
+      if (disposition == PostDisposition::kReject) {
+        status = PostStatus::kInvalidState;
+        break;
+      }
+      if (sq_.size() >= sq_.slots.size()) {
+        status = PostStatus::kQueueFull;
+        break;
+      }
+      SqEntry& entry = sq_.At(sq_.tail);
+      entry.wr = wr;
+      entry.signaled = config_.sq_sig_all || wr.signaled();
+      entry.done = false;
+      entry.status = WcStatus::kSuccess;
+      entry.msn = 0;
+      // Closing/Terminate/Error: the WR is never started. Once the QP is
+      // finalized it completes at once; before that, finalization flushes it
+      // behind the earlier WRs, keeping completion order.
+      entry.flush_status = WcStatus::kWrFlushErr;
+      entry.flush_only = disposition == PostDisposition::kFlush;
+      if (entry.flush_only && sq_finalized_) {
+        entry.done = true;
+        entry.status = WcStatus::kWrFlushErr;
+        flushed = true;
+      }
+      ++sq_.tail;
+      ++count;
+    }
+  }
+  if (posted != nullptr) *posted = count;
+  if (flushed) RetireSq();
+  if (count > 0) KickTx();
+  return status;
+}
+
+PostStatus Qp::PostRecv(const ReceiveWorkRequest& wr) {
+  if (destroyed_.load(std::memory_order_acquire) || !own_rq_) return PostStatus::kInvalidState;
+  const PostDisposition disposition = ReceivePostDisposition(state_.state());
+  if (disposition == PostDisposition::kReject) return PostStatus::kInvalidState;
+  const PostStatus status = own_rq_->Post(wr);
+  if (status != PostStatus::kOk) return status;
+  // In ERR the WR completes with WrFlushErr; receive completions are pushed
+  // on the progress thread only, which keeps them in order. Checked after
+  // the post so a concurrent finalization cannot strand it.
+  if (state_.state() == QpState::kError) {
+    engine_->Submit({Engine::CommandKind::kFlushReceives, shared_from_this(), 0});
+  }
+  return PostStatus::kOk;
+}
+
+// ---- State ----
+
+QpStatus Qp::Modify(QpState target, std::optional<QpState> expected_current) {
+  if (destroyed_.load(std::memory_order_acquire)) return QpStatus::kIllegalTransition;
+  const TransitionResult t = state_.Modify(target, expected_current);
+  if (t.status != QpStatus::kOk) return t.status;
+  if ((t.actions & kQpActionCloseLlp) != 0) {
+    {
+      std::lock_guard lock(queue_mutex_);
+      tx_close_ = TxClose::kGraceful;
+      tx_mail_.store(true, std::memory_order_release);
+    }
+    KickTx();
+  }
+  if ((t.actions & (kQpActionFlushQueues | kQpActionDiscardQueues)) != 0) {
+    std::uint32_t flags = kFinalizeNone;
+    if ((t.actions & kQpActionAbortLlp) != 0) flags |= kFinalizeAbort;
+    if ((t.actions & kQpActionDiscardQueues) != 0) flags |= kFinalizeDiscard | kFinalizeAbort;
+    Engine::Command command{Engine::CommandKind::kFinalize, shared_from_this(), flags};
+    if (tls_tx_owner != nullptr) {
+      engine_->Submit(std::move(command));
+    } else {
+      engine_->SubmitAndWait(std::move(command));
+    }
+  }
+  return QpStatus::kOk;
+}
+
+BindStatus Qp::Bind(std::unique_ptr<transport::TcpStream> stream, const StreamParams& params) {
+  if (destroyed_.load(std::memory_order_acquire)) return BindStatus::kInvalidState;
+  if (!stream || stream->fd() < 0) return BindStatus::kInvalidStream;
+  if (params.ird > config_.max_ird || params.ord > config_.max_ord) {
+    return BindStatus::kInvalidParams;
+  }
+  const std::size_t max_ulpdu = EffectiveMaxUlpdu(params, stream->EffectiveMss());
+  if (max_ulpdu < kMinMaxUlpdu) return BindStatus::kInvalidParams;
+  const QpState s = state_.state();
+  if (s != QpState::kInit && s != QpState::kRtr) return BindStatus::kInvalidState;
+  {
+    std::lock_guard lock(queue_mutex_);
+    if (bound_) return BindStatus::kInvalidState;
+    bound_ = true;
+    params_ = params;
+    max_ulpdu_ = max_ulpdu;
+    // One extra IRQ slot: the peer's RTR Read is served even with IRD 0.
+    orq_ = std::make_unique<WorkRing<OrqEntry>>(std::max<std::uint32_t>(params.ord, 1));
+    irq_ = std::make_unique<WorkRing<IrqEntry>>(params.ird + 1);
+    irq_outstanding_ = 0;
+    sq_finalized_ = false;
+    sq_error_seen_ = false;
+    tx_terminate_.reset();
+    tx_close_ = TxClose::kNone;
+    tx_mail_.store(false, std::memory_order_relaxed);
+    pending_stream_ = std::move(stream);
+  }
+  {
+    std::lock_guard lock(info_mutex_);
+    error_raised_ = false;
+    terminate_sent_.reset();
+    terminate_received_.reset();
+    local_error_.reset();
+  }
+  rtr_received_.store(params.rtr_role != RtrRole::kAwait, std::memory_order_release);
+  LockTxExclusive();
+  tx_.Start(params, max_ulpdu);
+  UnlockTxExclusive();
+  const TransitionResult t = state_.Handle(QpEvent::kConnectionEstablished);
+  if (t.status != QpStatus::kOk) {
+    LockTxExclusive();
+    tx_.Stop();
+    UnlockTxExclusive();
+    std::lock_guard lock(queue_mutex_);
+    bound_ = false;
+    pending_stream_.reset();
+    return BindStatus::kInvalidState;
+  }
+  engine_->Submit({Engine::CommandKind::kAttach, shared_from_this(), 0});
+  return BindStatus::kOk;
+}
+
+bool Qp::Disconnect() { return Modify(QpState::kClosing) == QpStatus::kOk; }
+
+void Qp::Destroy() {
+  if (destroyed_.exchange(true, std::memory_order_acq_rel)) return;
+  Engine::Command command{Engine::CommandKind::kDetach, shared_from_this(), 0};
+  if (tls_tx_owner != nullptr) {
+    engine_->Submit(std::move(command));
+  } else {
+    engine_->SubmitAndWait(std::move(command));
+  }
+}
+
+QpAttributes Qp::Query() const {
+  QpAttributes a;
+  a.qp_num = qp_num_;
+  a.state = state_.state();
+  a.pd = config_.pd;
+  a.sq_caps = config_.sq_caps;
+  a.rq_caps = own_rq_ ? own_rq_->caps() : QueueCaps{};
+  a.has_srq = config_.srq != nullptr;
+  a.sq_sig_all = config_.sq_sig_all;
+  {
+    std::lock_guard lock(queue_mutex_);
+    a.bound = bound_;
+    a.params = params_;
+    a.max_ulpdu = max_ulpdu_;
+    a.sq_outstanding = static_cast<std::uint32_t>(sq_.size());
+  }
+  {
+    std::lock_guard lock(info_mutex_);
+    a.terminate_sent = terminate_sent_;
+    a.terminate_received = terminate_received_;
+    a.local_error = local_error_;
+  }
+  return a;
+}
+
+QpCounters Qp::Counters() const {
+  QpCounters c;
+  constexpr auto r = std::memory_order_relaxed;
+  c.tx_fpdus = counters_.tx_fpdus.load(r);
+  c.tx_octets = counters_.tx_octets.load(r);
+  c.tx_syscalls = counters_.tx_syscalls.load(r);
+  c.tx_would_block = counters_.tx_would_block.load(r);
+  c.rx_fpdus = counters_.rx_fpdus.load(r);
+  c.rx_octets = counters_.rx_octets.load(r);
+  c.rx_syscalls = counters_.rx_syscalls.load(r);
+  c.rx_staged_payload = counters_.rx_staged_payload.load(r);
+  c.rx_direct_payload = counters_.rx_direct_payload.load(r);
+  return c;
+}
+
+// ---- Completions ----
+
+void Qp::RetireSq() {
+  if (sq_cq_gate_.fetch_add(1, std::memory_order_acq_rel) != 0) return;  // the owner retires again
+  std::uint32_t seen = 1;
+  for (;;) {
+    for (;;) {
+      std::array<WorkCompletion, 32> batch;
+      std::size_t n = 0;
+      std::size_t popped = 0;
+      {
+        std::lock_guard lock(queue_mutex_);
+        while (n < batch.size() && sq_.size() > 0 && sq_.At(sq_.head).done) {
+          SqEntry& e = sq_.At(sq_.head);
+          // After a WR completes in error, the ones behind it are flushed,
+          // even those already executed and only held for ordering (verbs:
+          // the QP is in error from that WR on).
+          if (e.status != WcStatus::kSuccess) {
+            sq_error_seen_ = true;
+          } else if (sq_error_seen_) {
+            e.status = WcStatus::kWrFlushErr;
+          }
+          if (e.signaled || e.status != WcStatus::kSuccess) {
+            WorkCompletion& wc = batch[n++];
+            wc = WorkCompletion{};
+            wc.wr_id = e.wr.wr_id;
+            wc.status = e.status;
+            wc.opcode = WcOpcodeOf(e.wr.opcode);
+            wc.qp_num = qp_num_;
+            if (e.status == WcStatus::kSuccess && e.wr.opcode != SendOpcode::kLocalInvalidate) {
+              wc.byte_len = static_cast<std::uint32_t>(e.wr.total_length());
+            }
+          }
+          ++sq_.head;
+          ++popped;
+        }
+      }
+      // Pushed outside queue_mutex_ (callbacks may post), inside the gate
+      // (so completions keep WR order).
+      for (std::size_t i = 0; i < n; ++i) config_.send_cq->Push(batch[i]);
+      if (popped == 0) break;
+    }
+    const std::uint32_t left = sq_cq_gate_.fetch_sub(seen, std::memory_order_acq_rel) - seen;
+    if (left == 0) return;
+    seen = left;
+  }
+}
+
+void Qp::FlushSqLocked() {
+  for (std::uint64_t seq = sq_.head; seq != sq_.tail; ++seq) {
+    SqEntry& e = sq_.At(seq);
+    if (!e.done) {
+      e.done = true;
+      e.status = e.flush_status;
+    }
+  }
+}
+
+void Qp::PushRecvCompletion(const WorkCompletion& wc, bool solicited) {
+  config_.recv_cq->Push(wc, solicited);
+}
+
+// ---- Errors ----
+
+bool Qp::RaiseError(const ErrorReport& report) {
+  {
+    std::lock_guard lock(info_mutex_);
+    if (error_raised_) return false;
+    error_raised_ = true;
+    if (report.terminate) {
+      terminate_sent_ = report.terminate;
+    } else if (!report.peer_terminated) {
+      local_error_ = report.cause;
+    }
+    if (report.failed_seq) {
+      std::lock_guard queue_lock(queue_mutex_);
+      const std::uint64_t seq = *report.failed_seq;
+      if (seq >= sq_.head && seq < sq_.tail && !sq_.At(seq).done) {
+        if (report.failed_now) {
+          sq_.At(seq).done = true;
+          sq_.At(seq).status = report.failed_status;
+        } else {
+          sq_.At(seq).flush_status = report.failed_status;
+        }
+      }
+    }
+  }
+  if (report.terminate && !report.abort) {
+    state_.Handle(QpEvent::kTerminateSent);
+    {
+      std::lock_guard lock(queue_mutex_);
+      tx_terminate_ = report.terminate;
+      tx_mail_.store(true, std::memory_order_release);
+    }
+    KickTx();
+  } else if (report.peer_terminated && !report.abort) {
+    state_.Handle(QpEvent::kTerminateReceived);
+    {
+      std::lock_guard lock(queue_mutex_);
+      tx_close_ = TxClose::kStop;
+      tx_mail_.store(true, std::memory_order_release);
+    }
+    KickTx();
+  } else {
+    state_.Handle(QpEvent::kLocalError);
+    RequestFinalize(kFinalizeAbort);
+  }
+  if (report.event) EmitEvent(*report.event);
+  if (report.failed_seq) RetireSq();
+  return true;
+}
+
+void Qp::RecordTerminateReceived(const rdmap::TerminateHeader& header) {
+  std::lock_guard lock(info_mutex_);
+  if (!terminate_received_) terminate_received_ = header;
+}
+
+void Qp::RequestFinalize(std::uint32_t flags) {
+  engine_->Submit({Engine::CommandKind::kFinalize, shared_from_this(), flags});
+}
+
+// ---- Progress thread ----
+
+void Qp::Attach() {
+  if (detached_ || attached_ || destroyed_.load(std::memory_order_acquire)) return;
+  std::unique_ptr<transport::TcpStream> stream;
+  StreamParams params;
+  {
+    std::lock_guard lock(queue_mutex_);
+    stream = std::move(pending_stream_);
+    params = params_;
+  }
+  if (!stream) return;
+  LockTxExclusive();
+  stream_ = std::move(stream);
+  int add_error;
+  {
+    std::lock_guard lock(poll_mutex_);
+    poll_fd_ = stream_->fd();
+    want_write_ = false;
+    add_error = engine_->poller().Add(poll_fd_, this, /*want_read=*/true, /*want_write=*/false);
+    polled_ = add_error == 0;
+  }
+  rx_.Start(params);
+  attached_ = true;
+  UnlockTxExclusive();
+  if (add_error != 0) {
+    ErrorReport report;
+    report.cause = rdmap::TerminateCause::MpaLocalCatastrophic();
+    report.event = AsyncEventType::kQpFatal;
+    report.abort = true;
+    RaiseError(report);
+    return;
+  }
+  KickTx();
+}
+
+void Qp::Finalize(std::uint32_t flags) {
+  if (detached_) return;
+  const bool abort = (flags & kFinalizeAbort) != 0;
+  const bool discard = (flags & kFinalizeDiscard) != 0;
+  if (finalized_ && !discard) {
+    // A later abort of a stream that is only draining.
+    if (abort && stream_) {
+      LockTxExclusive();
+      StopPolling();
+      stream_->Abort();
+      stream_.reset();
+      UnlockTxExclusive();
+    }
+    return;
+  }
+  bool had_stream = false;
+  LockTxExclusive();
+  tx_.Stop();
+  if (stream_) {
+    had_stream = true;
+    if (abort || discard || rx_.eof()) {
+      StopPolling();
+      if (abort || discard) stream_->Abort();
+      stream_.reset();
+    }
+    // Otherwise the FIN is out and the receive side drains until the peer
+    // closes (closing now with unread data would turn our FIN into a RST).
+  }
+  UnlockTxExclusive();
+
+  if (discard) {
+    rx_.Stop();
+  } else {
+    rx_.AbandonMessage(WcStatus::kWrFlushErr);
+    state_.Handle(QpEvent::kLlpClosed);
+  }
+  {
+    std::lock_guard lock(queue_mutex_);
+    if (discard) {
+      sq_.head = sq_.tail;
+      sq_error_seen_ = false;
+      bound_ = false;
+      pending_stream_.reset();
+      sq_finalized_ = false;
+    } else {
+      FlushSqLocked();
+      sq_finalized_ = true;
+    }
+    if (orq_) orq_->Clear();
+    if (irq_) irq_->Clear();
+    irq_outstanding_ = 0;
+    tx_terminate_.reset();
+    tx_close_ = TxClose::kNone;
+    tx_mail_.store(false, std::memory_order_relaxed);
+  }
+  if (!discard) RetireSq();
+  if (own_rq_) {
+    std::vector<ReceiveWorkRequest> flushed = own_rq_->Flush();
+    if (!discard) {
+      for (const ReceiveWorkRequest& wr : flushed) {
+        WorkCompletion wc;
+        wc.wr_id = wr.wr_id;
+        wc.status = WcStatus::kWrFlushErr;
+        wc.opcode = WcOpcode::kRecv;
+        wc.qp_num = qp_num_;
+        PushRecvCompletion(wc, false);
+      }
+    }
+  }
+  if (discard) {
+    std::lock_guard lock(info_mutex_);
+    error_raised_ = false;
+    attached_ = false;
+    finalized_ = false;
+  } else {
+    finalized_ = true;
+    if (config_.srq != nullptr && had_stream) EmitEvent(AsyncEventType::kQpLastWqeReached);
+  }
+  if (had_stream) EmitEvent(AsyncEventType::kStreamClosed);
+}
+
+void Qp::Detach() {
+  if (detached_) return;
+  LockTxExclusive();
+  tx_.Stop();
+  if (stream_) {
+    StopPolling();
+    stream_->Abort();
+    stream_.reset();
+  }
+  rx_.Stop();
+  detached_ = true;
+  UnlockTxExclusive();
+  std::lock_guard lock(queue_mutex_);
+  pending_stream_.reset();
+}
+
+void Qp::FlushReceives() {
+  if (detached_ || !own_rq_ || state_.state() != QpState::kError) return;
+  for (const ReceiveWorkRequest& wr : own_rq_->Flush()) {
+    WorkCompletion wc;
+    wc.wr_id = wr.wr_id;
+    wc.status = WcStatus::kWrFlushErr;
+    wc.opcode = WcOpcode::kRecv;
+    wc.qp_num = qp_num_;
+    PushRecvCompletion(wc, false);
+  }
+}
+
+void Qp::OnPollEvent(bool readable, bool writable, bool hangup) {
+  if (detached_ || !stream_) return;
+  if (writable) KickTx();
+  if ((readable || hangup) && stream_) rx_.OnReadable(*stream_);
+  // A drained stream of a finalized QP is closed once the peer closed too.
+  if (finalized_ && rx_.eof() && stream_) {
+    LockTxExclusive();
+    StopPolling();
+    stream_.reset();
+    UnlockTxExclusive();
+  }
+}
+
+bool Qp::SetWriteInterest(bool want) {
+  std::lock_guard lock(poll_mutex_);
+  if (!polled_) return false;
+  if (want_write_ != want) {
+    if (engine_->poller().Modify(poll_fd_, this, /*want_read=*/true, want) != 0) return false;
+    want_write_ = want;
+  }
+  return true;
+}
+
+void Qp::StopPolling() {
+  std::lock_guard lock(poll_mutex_);
+  if (!polled_) return;
+  engine_->poller().Remove(poll_fd_);
+  polled_ = false;
+  want_write_ = false;
+}
+
+void Qp::EmitEvent(AsyncEventType type) { engine_->Emit(AsyncEvent{type, qp_num_}); }
+
+}  // namespace siwx::engine

@@ -1,0 +1,379 @@
+// An iWARP queue pair: the RDMAP/DDP semantics of one RDMAP Stream (RFC 5040,
+// RFC 5041) over one MPA/TCP connection (RFC 5044), with direct placement.
+//
+// A Qp owns its send queue (SQ), its receive queue (or uses a shared one),
+// the outbound RDMA Read Request queue (ORQ, depth ORD) and the inbound one
+// (IRQ, depth IRD), the MSN counters of the three untagged queues, and the
+// bound TCP stream. Engine::CreateQp makes one; Bind attaches a connected
+// stream and moves it to RTS; PostSend/PostRecv queue work; Modify, Query,
+// Disconnect and Destroy manage it.
+//
+// Semantics (RFC 5040 5.5 ordering and completion rules):
+//  - Messages go out in SQ order; Read Responses are produced in the order
+//    the Read Requests arrived and interleave with SQ messages at message
+//    boundaries only (never inside a message).
+//  - SQ completions are delivered in WR order: a Send or Write completes
+//    locally once TCP has accepted all of it, a Read when the last octet of
+//    its Read Response has been placed, and anything posted after a Read
+//    completes after it. A fenced WR does not start until every earlier Read
+//    has completed; a Read does not start while ORD Reads are outstanding.
+//  - Inbound messages are processed in stream order, so a Read Request sees
+//    every Write and Send that arrived before it.
+//  - Receive completions are delivered in MSN order.
+//  - Every protocol error ends the stream: the Terminate (RFC 5040 4.8, 7)
+//    is the last message we send, then FIN; the QP goes to Error and every
+//    outstanding WR completes, the failing one with its specific status and
+//    the rest with WrFlushErr.
+//
+// Threading. Three kinds of threads touch a QP:
+//  - application threads: posts, Modify, Query, Bind, Disconnect, Destroy;
+//  - the engine's progress thread: all receive processing (QpRx), the
+//    commands below, and transmit when the socket becomes writable;
+//  - whichever thread currently owns the transmit gate (QpTx): an
+//    application thread posting inline, or the progress thread.
+// The transmit gate (`tx_gate_`) is a counter: the thread that moves it from
+// 0 owns the transmit side and runs QpTx::Pump until no kick is left; a
+// thread that finds it non-zero only adds its kick and returns, and the
+// owner pumps once more for it. So posting never blocks on another thread,
+// and no kick is lost. Anything that needs the transmit side quiescent
+// (attach, finalize, detach) takes the gate exclusively on the progress
+// thread, waiting (yield) for an inline owner to finish its bounded pump.
+//
+// Locks and what they guard (each field below repeats it):
+//  - queue_mutex_: the SQ ring and its cursors, ORQ, IRQ, the IRD count, the
+//    flush flags, the stream parameters. Held briefly; never while calling
+//    out (CQ pushes, callbacks) and never while doing I/O.
+//  - info_mutex_: error bookkeeping (first error wins) and the Terminate
+//    causes sent and received.
+//  - poll_mutex_: this QP's epoll registration and interest mask.
+//  - completion order: SQ completions are pushed by whichever thread owns
+//    the completion gate (`sq_cq_gate_`, same counter scheme), so they reach
+//    the CQ in WR order even when transmit and receive both complete WRs.
+//    Receive completions are pushed on the progress thread only.
+// Lock order: none is held while taking another, except info_mutex_ ->
+// queue_mutex_ (error bookkeeping marks the failing WR).
+//
+// Callbacks (CQ notifications, SRQ limit, async events) run without any of
+// these locks, possibly on an application thread inside PostSend. They may
+// post, poll and re-arm; Destroy from inside one does not wait.
+//
+// Not validated here: that the stream parameters match what MPA negotiated
+// (the CM's job), and the content of buffers (the CRC is computed when an
+// FPDU is framed: an application that changes a buffer of an outstanding WR
+// gets a CRC error at the peer, as verbs leaves such changes undefined).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "common/engine/completion.h"
+#include "common/engine/memory.h"
+#include "common/engine/qp_state.h"
+#include "common/engine/receive_queue.h"
+#include "common/engine/rx.h"
+#include "common/engine/stream_params.h"
+#include "common/engine/tx.h"
+#include "common/engine/work_request.h"
+#include "common/transport/tcp_stream.h"
+#include "common/wire/terminate.h"
+
+namespace siwx::engine {
+
+class Engine;
+
+// Asynchronous events. Values of the ibv ones equal enum ibv_event_type.
+enum class AsyncEventType : std::uint32_t {
+  kQpFatal = 1,            // IBV_EVENT_QP_FATAL: LLP failure, local catastrophe,
+                           // or the peer's Terminate
+  kQpRequestError = 2,     // IBV_EVENT_QP_REQ_ERR: an inbound message broke
+                           // the protocol (opcode, version, QN, MSN, MO, length)
+  kQpAccessError = 3,      // IBV_EVENT_QP_ACCESS_ERR: an inbound message broke
+                           // a protection rule (STag, PD, rights, bounds)
+  kQpLastWqeReached = 16,  // IBV_EVENT_QP_LAST_WQE_REACHED: SRQ QP left the stream
+  kStreamClosed = 0x100,   // not an ibv event: the QP's stream is gone (for the CM)
+};
+
+struct AsyncEvent {
+  AsyncEventType type = AsyncEventType::kQpFatal;
+  std::uint32_t qp_num = 0;
+};
+using AsyncEventCallback = std::function<void(const AsyncEvent&)>;
+
+// The async event for an error found on inbound traffic: protection errors
+// (DDP tagged, RDMAP Remote Protection) are access errors, other DDP and
+// RDMAP Remote Operation errors are request errors, LLP and catastrophic
+// errors are fatal.
+AsyncEventType EventForCause(const rdmap::TerminateCause& cause);
+// The status of our WR that the peer's Terminate names (by its header copy).
+WcStatus StatusForPeerCause(const rdmap::TerminateCause& cause);
+
+// Largest message a WR may move (ibv max_msg_sz); more is a LocLenErr.
+inline constexpr std::uint64_t kMaxMessageSize = std::uint64_t{1} << 31;
+// Largest IRD/ORD a QP accepts by default (Linux siw's limit).
+inline constexpr std::uint32_t kDefaultMaxReadDepth = 128;
+
+struct QpConfig {
+  PdId pd = kNoPd;
+  CompletionQueue* send_cq = nullptr;  // must outlive the QP's Destroy
+  CompletionQueue* recv_cq = nullptr;  // must outlive the QP's Destroy
+  ReceiveQueue* srq = nullptr;         // shared receive queue, or null for an own RQ
+  QueueCaps sq_caps;
+  QueueCaps rq_caps;                   // ignored when srq is set
+  bool sq_sig_all = false;             // every successful send WR completes
+  std::uint32_t max_ird = kDefaultMaxReadDepth;  // Bind refuses larger params.ird
+  std::uint32_t max_ord = kDefaultMaxReadDepth;  // Bind refuses larger params.ord
+};
+
+enum class BindStatus : std::uint8_t {
+  kOk = 0,
+  kInvalidState,   // not INIT or RTR, or destroyed
+  kInvalidStream,  // null stream
+  kInvalidParams,  // IRD/ORD above the QP's limits, max ULPDU too small
+};
+
+// Counters for tests and diagnostics; monotonic, read with relaxed loads.
+struct QpCounters {
+  std::uint64_t tx_fpdus = 0;
+  std::uint64_t tx_octets = 0;       // wire octets written
+  std::uint64_t tx_syscalls = 0;     // sendmsg calls that moved data
+  std::uint64_t tx_would_block = 0;  // sendmsg calls that found the socket full
+  std::uint64_t rx_fpdus = 0;
+  std::uint64_t rx_octets = 0;       // wire octets read
+  std::uint64_t rx_syscalls = 0;     // recvmsg calls that returned data
+  std::uint64_t rx_staged_payload = 0;  // payload octets copied from the staging buffer
+  std::uint64_t rx_direct_payload = 0;  // payload octets received straight into targets
+};
+
+struct QpAttributes {
+  std::uint32_t qp_num = 0;
+  QpState state = QpState::kReset;
+  PdId pd = kNoPd;
+  QueueCaps sq_caps;
+  QueueCaps rq_caps;
+  bool has_srq = false;
+  bool sq_sig_all = false;
+  bool bound = false;
+  StreamParams params;         // valid when bound
+  std::size_t max_ulpdu = 0;   // what we send; valid when bound
+  // The Terminate we sent, and the one the peer sent (RFC 5040 4.8).
+  std::optional<rdmap::TerminateHeader> terminate_sent;
+  std::optional<rdmap::TerminateHeader> terminate_received;
+  // Why the stream failed when no Terminate could say it (connection lost,
+  // MPA error after which we still sent one, local catastrophe): the LLP or
+  // local cause, first one only.
+  std::optional<rdmap::TerminateCause> local_error;
+  std::uint32_t sq_outstanding = 0;  // posted send WRs not yet completed
+};
+
+class Qp : public std::enable_shared_from_this<Qp> {
+ public:
+  ~Qp();
+  Qp(const Qp&) = delete;
+  Qp& operator=(const Qp&) = delete;
+
+  std::uint32_t qp_num() const { return qp_num_; }
+  const QpConfig& config() const { return config_; }
+  QpState state() const { return state_.state(); }
+
+  // ibv_post_send for one WR / a list (stops at the first failure; *posted
+  // says how many were taken). Transmits inline when the transmit side is
+  // idle; otherwise the current owner or the progress thread sends it.
+  PostStatus PostSend(const SendWorkRequest& wr);
+  PostStatus PostSend(std::span<const SendWorkRequest> wrs, std::size_t* posted);
+  // ibv_post_recv; kInvalidState when the QP uses an SRQ (post there).
+  PostStatus PostRecv(const ReceiveWorkRequest& wr);
+
+  // ibv_modify_qp(IBV_QP_STATE). Entering ERR aborts the stream (RST) and
+  // flushes every WR; RESET discards them; SQD is Disconnect.
+  QpStatus Modify(QpState target, std::optional<QpState> expected_current = std::nullopt);
+
+  // Attaches a connected, non-blocking stream and its negotiated parameters
+  // and moves INIT/RTR to RTS (QpEvent::kConnectionEstablished).
+  BindStatus Bind(std::unique_ptr<transport::TcpStream> stream, const StreamParams& params);
+
+  // Orderly close (RTS -> SQD): the WRs posted before it and the Read
+  // Responses owed are sent, then FIN; the QP goes to ERR and what remains
+  // (Reads still waiting for responses, WRs posted later) is flushed. False
+  // if the QP is not in RTS.
+  bool Disconnect();
+
+  // Detaches the stream (RST if still connected) and removes the QP from the
+  // engine. No completions are generated. Safe while the progress thread is
+  // running; when it returns (off the progress thread and outside callbacks
+  // of this QP) no engine thread touches the QP's buffers or CQs any more.
+  void Destroy();
+
+  QpAttributes Query() const;
+  QpCounters Counters() const;
+
+  // Lets the caller (e.g. poll_cq) give the transmit side a turn.
+  void ProgressSend() { KickTx(); }
+
+ private:
+  friend class Engine;
+  friend class QpTx;
+  friend class QpRx;
+
+  // One send WR from post to completion. Fields are written under
+  // queue_mutex_ (the WR record only at post time).
+  struct SqEntry {
+    SendWorkRequest wr;
+    bool signaled = false;
+    bool done = false;             // completed; waiting for the head to reach it
+    bool flush_only = false;       // posted in Closing/Terminate/Error: never started
+    // The status it gets when flushed: WrFlushErr, or the specific error a
+    // Terminate named it with while the transmit side may still be using it.
+    WcStatus flush_status = WcStatus::kWrFlushErr;
+    WcStatus status = WcStatus::kSuccess;
+    std::uint32_t msn = 0;         // QN 0 (Send) or QN 1 (Read) MSN it went out with
+  };
+
+  // Bounded ring of SqEntry addressed by a 64-bit sequence number.
+  struct SendRing {
+    std::vector<SqEntry> slots;
+    std::uint64_t head = 0;  // oldest not yet retired (completion order)
+    std::uint64_t tail = 0;  // next to post
+    SqEntry& At(std::uint64_t seq) { return slots[seq % slots.size()]; }
+    std::uint64_t size() const { return tail - head; }
+  };
+
+  // What an error path decided; see RaiseError.
+  struct ErrorReport {
+    rdmap::TerminateCause cause;
+    // The Terminate to send; nullopt when none can or should be sent
+    // (connection lost, peer's Terminate received, local abort).
+    std::optional<rdmap::TerminateHeader> terminate;
+    std::optional<AsyncEventType> event;
+    bool peer_terminated = false;  // the peer's Terminate arrived
+    bool abort = false;            // RST instead of FIN (the stream is unusable)
+    // The SQ entry that failed, with its status (Read WR, local WR error).
+    std::optional<std::uint64_t> failed_seq;
+    WcStatus failed_status = WcStatus::kWrFlushErr;
+    // Whether the transmit side is done with that entry, so it may complete
+    // now; otherwise the status is applied when the queue is flushed.
+    bool failed_now = true;
+  };
+
+  // Finalization work the progress thread owes this QP (bit set).
+  enum FinalizeFlags : std::uint32_t {
+    kFinalizeNone = 0,
+    kFinalizeAbort = 1u << 0,    // close with RST
+    kFinalizeDiscard = 1u << 1,  // RESET: drop WRs without completions
+  };
+
+  Qp(Engine* engine, std::uint32_t qp_num, const QpConfig& config,
+     std::unique_ptr<ReceiveQueue> own_rq);
+
+  // ---- Transmit gate ----
+  void KickTx();
+  void RunTx(std::uint32_t seen);
+  void LockTxExclusive();  // progress thread only
+  void UnlockTxExclusive();
+
+  // ---- Completions ----
+  // Pushes the completions of finished SQ entries at the head, in order.
+  void RetireSq();
+  // Marks every unfinished SQ entry done with WrFlushErr (queue_mutex_ held).
+  void FlushSqLocked();
+  void PushRecvCompletion(const WorkCompletion& wc, bool solicited);
+
+  // ---- Errors ----
+  // First error wins: records it, moves the state, hands the Terminate (if
+  // any) to the transmit side, marks the failing WR, fires the event and
+  // schedules finalization. Returns false if an error was already raised.
+  // Any thread; the caller holds no lock.
+  bool RaiseError(const ErrorReport& report);
+  void RecordTerminateReceived(const rdmap::TerminateHeader& header);
+  // The transmit side is done (Terminate or FIN written, or it gave up):
+  // ask the progress thread to finalize.
+  void RequestFinalize(std::uint32_t flags);
+
+  // ---- Progress thread ----
+  void Attach();                       // command: stream into the poller
+  void Finalize(std::uint32_t flags);  // command: close, flush, go to ERR
+  void Detach();                       // command: Destroy's work
+  void FlushReceives();                // command: flush the own RQ
+  void OnPollEvent(bool readable, bool writable, bool hangup);
+  // Epoll interest (poll_mutex_): TX arms/disarms write interest; RX drops
+  // the fd when the peer closed (EPOLLRDHUP is level-triggered).
+  bool SetWriteInterest(bool want);
+  void StopPolling();
+
+  void EmitEvent(AsyncEventType type);
+
+  Engine* const engine_;
+  const std::uint32_t qp_num_;
+  const QpConfig config_;
+  const std::unique_ptr<ReceiveQueue> own_rq_;  // null when config_.srq is used
+  ReceiveQueue* const rq_;                      // own_rq_ or config_.srq
+
+  QpStateMachine state_;                 // atomic
+  std::atomic<bool> destroyed_{false};   // Destroy called
+  std::atomic<bool> rtr_received_{false};  // RX -> TX: the peer's RTR arrived
+
+  mutable std::mutex queue_mutex_;
+  SendRing sq_;                          // guarded by queue_mutex_
+  std::unique_ptr<WorkRing<OrqEntry>> orq_;  // guarded by queue_mutex_; made at Bind
+  std::unique_ptr<WorkRing<IrqEntry>> irq_;  // guarded by queue_mutex_; made at Bind
+  std::uint32_t irq_outstanding_ = 0;    // guarded by queue_mutex_; requests not fully answered
+  bool sq_finalized_ = false;            // guarded by queue_mutex_; TX is dead, flush at post
+  bool sq_error_seen_ = false;           // guarded by queue_mutex_; a WR completed in error
+  bool bound_ = false;                   // guarded by queue_mutex_
+  StreamParams params_;                  // guarded by queue_mutex_; set at Bind
+  std::size_t max_ulpdu_ = 0;            // guarded by queue_mutex_; set at Bind
+  std::unique_ptr<transport::TcpStream> pending_stream_;  // guarded by queue_mutex_; Bind -> Attach
+  // Mailbox to the transmit side: set under queue_mutex_, then tx_mail_.
+  std::optional<rdmap::TerminateHeader> tx_terminate_;  // guarded by queue_mutex_
+  TxClose tx_close_ = TxClose::kNone;                   // guarded by queue_mutex_
+  std::atomic<bool> tx_mail_{false};
+
+  mutable std::mutex info_mutex_;
+  bool error_raised_ = false;            // guarded by info_mutex_
+  std::optional<rdmap::TerminateHeader> terminate_sent_;      // guarded by info_mutex_
+  std::optional<rdmap::TerminateHeader> terminate_received_;  // guarded by info_mutex_
+  std::optional<rdmap::TerminateCause> local_error_;          // guarded by info_mutex_
+
+  std::mutex poll_mutex_;
+  bool polled_ = false;       // guarded by poll_mutex_; fd is in the engine's poller
+  bool want_write_ = false;   // guarded by poll_mutex_
+  int poll_fd_ = -1;          // guarded by poll_mutex_
+
+  // Owned by the transmit-gate holder. `stream_` is set and reset only on the
+  // progress thread while it holds the gate exclusively, so the gate holder
+  // and the progress thread may both use it.
+  std::atomic<std::uint32_t> tx_gate_{0};
+  std::atomic<std::uint32_t> sq_cq_gate_{0};
+  std::unique_ptr<transport::TcpStream> stream_;
+  QpTx tx_;
+
+  // Progress thread only.
+  QpRx rx_;
+  bool attached_ = false;      // progress thread
+  bool finalized_ = false;     // progress thread: Finalize ran
+  bool detached_ = false;      // progress thread
+
+  // Counters: single writer each (gate holder for tx_*, progress thread for
+  // rx_*), relaxed atomics so readers need no lock.
+  struct AtomicCounters {
+    std::atomic<std::uint64_t> tx_fpdus{0}, tx_octets{0}, tx_syscalls{0}, tx_would_block{0};
+    std::atomic<std::uint64_t> rx_fpdus{0}, rx_octets{0}, rx_syscalls{0};
+    std::atomic<std::uint64_t> rx_staged_payload{0}, rx_direct_payload{0};
+  };
+  AtomicCounters counters_;
+};
+
+// Bumps a single-writer counter without a locked instruction.
+inline void CounterAdd(std::atomic<std::uint64_t>& counter, std::uint64_t n) {
+  counter.store(counter.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+}
+
+}  // namespace siwx::engine

@@ -1,0 +1,875 @@
+#include "common/engine/rx.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "common/engine/engine.h"
+#include "common/engine/qp.h"
+
+namespace siwx::engine {
+namespace {
+
+// Staging buffer for framing octets (and payload that arrives with them):
+// many small FPDUs per recvmsg, and never more than this copied per read.
+constexpr std::size_t kStagingSize = 16 * 1024;
+// recvmsg calls one readable event may make before yielding to other QPs.
+constexpr int kReadsPerTurn = 64;
+
+bool IsSendOpcode(rdmap::Opcode op) {
+  return op == rdmap::Opcode::kSend || op == rdmap::Opcode::kSendWithInvalidate ||
+         op == rdmap::Opcode::kSendWithSe || op == rdmap::Opcode::kSendWithSeAndInvalidate;
+}
+
+}  // namespace
+
+rdmap::TerminateCause TaggedPlacementCause(AccessStatus status) {
+  using rdmap::TerminateCause;
+  switch (status) {
+    case AccessStatus::kInvalidStag:
+    case AccessStatus::kInvalidated:
+      return TerminateCause::DdpInvalidStag();
+    case AccessStatus::kPdMismatch:
+      return TerminateCause::DdpStagNotAssociated();
+    case AccessStatus::kAccessViolation:
+      // DDP has no access-rights code; RDMAP has (access.h).
+      return TerminateCause::RdmapAccessRights();
+    case AccessStatus::kToWrap:
+      return TerminateCause::DdpToWrap();
+    case AccessStatus::kBaseOrBounds:
+    case AccessStatus::kOk:
+      break;
+  }
+  return TerminateCause::DdpBaseOrBounds();
+}
+
+rdmap::TerminateCause ReadSourceCause(AccessStatus status) {
+  using rdmap::TerminateCause;
+  switch (status) {
+    case AccessStatus::kInvalidStag:
+    case AccessStatus::kInvalidated:
+      return TerminateCause::RdmapInvalidStag();
+    case AccessStatus::kPdMismatch:
+      return TerminateCause::RdmapStagNotAssociated();
+    case AccessStatus::kAccessViolation:
+      return TerminateCause::RdmapAccessRights();
+    case AccessStatus::kToWrap:
+      return TerminateCause::RdmapToWrap();
+    case AccessStatus::kBaseOrBounds:
+    case AccessStatus::kOk:
+      break;
+  }
+  return TerminateCause::RdmapBaseOrBounds();
+}
+
+QpRx::QpRx(Qp& qp) : qp_(qp) {}
+QpRx::~QpRx() = default;
+
+void QpRx::Start(const StreamParams& params) {
+  Stop();
+  params_ = params;
+  mpa::FpduParserConfig config;
+  config.crc_enabled = params.crc_enabled;
+  config.markers_enabled = params.rx_markers;
+  config.marker_grid_offset = params.rx_marker_grid_offset;
+  config.header_sizer = &rdmap::UlpduHeaderLength;
+  parser_.emplace(config);
+  staging_.assign(kStagingSize, 0);
+  staged_begin_ = 0;
+  staged_end_ = 0;
+  segment_ = Segment::kNone;
+  pending_.reset();
+  send_active_ = false;
+  send_msn_ = 1;
+  send_received_ = 0;
+  recv_wr_.reset();
+  read_msn_ = 1;
+  response_active_ = false;
+  response_received_ = 0;
+  terminate_length_ = 0;
+  last_boundary_ = 0;
+  awaiting_rtr_ = params.rtr_role == RtrRole::kAwait;
+  started_ = true;
+  stopped_ = false;
+  eof_ = false;
+}
+
+void QpRx::Stop() {
+  ReleaseRefs();
+  parser_.reset();
+  recv_wr_.reset();
+  send_active_ = false;
+  response_active_ = false;
+  started_ = false;
+  stopped_ = true;
+}
+
+void QpRx::AbandonMessage(WcStatus status) {
+  if (recv_wr_) {
+    WorkCompletion wc;
+    wc.wr_id = recv_wr_->wr_id;
+    wc.status = status;
+    wc.opcode = WcOpcode::kRecv;
+    wc.qp_num = qp_.qp_num();
+    recv_wr_.reset();
+    qp_.PushRecvCompletion(wc, false);
+  }
+  send_active_ = false;
+  response_active_ = false;
+}
+
+// ---- Reading ----
+
+void QpRx::OnReadable(transport::TcpStream& stream) {
+  if (!started_ || eof_) return;
+  if (stopped_ || !ProcessesInbound(qp_.state_.state())) {
+    stopped_ = true;
+    Drain(stream);
+    return;
+  }
+  socket_drained_ = false;
+  for (int reads = 0; reads < kReadsPerTurn;) {
+    if (!ProcessesInbound(qp_.state_.state())) stopped_ = true;
+    if (stopped_) break;
+    if (Staged() > 0) {
+      if (!ConsumeStaged()) break;
+      continue;
+    }
+    staged_begin_ = 0;
+    staged_end_ = 0;
+    // A short read found the socket empty; the level-triggered poller tells
+    // us when more arrives, which saves a recvmsg that would only say EAGAIN.
+    if (socket_drained_) break;
+    const mpa::RxDemand demand = parser_->Demand();
+    if (demand.kind == mpa::RxDemand::Kind::kFailed) break;
+    const ReadOutcome outcome = (demand.kind == mpa::RxDemand::Kind::kPayload &&
+                                 segment_ != Segment::kTerminate)
+                                    ? ReadPayloadDirect(stream, demand)
+                                    : ReadIntoStaging(stream);
+    ++reads;
+    if (outcome != ReadOutcome::kProgress) break;
+  }
+  // Octets already read are ours to process: the poller only reports what
+  // is still in the socket.
+  if (!stopped_ && Staged() > 0) ConsumeStaged();
+  ReleaseRefs();
+  // After an error, read and drop so the level-triggered poller quiets.
+  if (stopped_ && !eof_) Drain(stream);
+}
+
+void QpRx::Drain(transport::TcpStream& stream) {
+  for (int i = 0; i < kReadsPerTurn; ++i) {
+    const transport::IoResult r = stream.Read(MutableByteSpan(staging_.data(), staging_.size()));
+    if (r.status == transport::IoStatus::kOk) continue;
+    if (r.status == transport::IoStatus::kWouldBlock) return;
+    eof_ = true;  // closed or failed: nothing more will come
+    qp_.StopPolling();
+    return;
+  }
+}
+
+QpRx::ReadOutcome QpRx::ReadPayloadDirect(transport::TcpStream& stream,
+                                         const mpa::RxDemand& demand) {
+  AccessStatus failure = AccessStatus::kOk;
+  const std::optional<std::size_t> mapped = MapTarget(demand.payload_offset, demand.length, failure);
+  if (!mapped) {
+    PlacementFailed(failure);
+    return ReadOutcome::kStop;
+  }
+  const std::size_t count = *mapped;
+  // The next FPDU's framing lands in the staging buffer in the same call.
+  iov_[count].iov_base = staging_.data();
+  iov_[count].iov_len = TailGuess();
+  const transport::IoResult r = stream.ReadV(std::span<const iovec>(iov_.data(), count + 1));
+  if (r.status == transport::IoStatus::kOk) {
+    socket_drained_ = r.bytes < demand.length + iov_[count].iov_len;
+    const std::size_t placed = std::min(r.bytes, demand.length);
+    // Fold the placed octets into the CRC while the regions are still held.
+    std::size_t left = placed;
+    for (std::size_t i = 0; i < count && left > 0; ++i) {
+      const std::size_t n = std::min(iov_[i].iov_len, left);
+      parser_->CommitPayload(ByteSpan(static_cast<const std::uint8_t*>(iov_[i].iov_base), n));
+      left -= n;
+    }
+    CounterAdd(qp_.counters_.rx_direct_payload, placed);
+    staged_begin_ = 0;
+    staged_end_ = r.bytes - placed;
+  }
+  ReleaseRefs();
+  return OnReadResult(r);
+}
+
+QpRx::ReadOutcome QpRx::ReadIntoStaging(transport::TcpStream& stream) {
+  const transport::IoResult r = stream.Read(MutableByteSpan(staging_.data(), staging_.size()));
+  if (r.status == transport::IoStatus::kOk) {
+    socket_drained_ = r.bytes < staging_.size();
+    staged_begin_ = 0;
+    staged_end_ = r.bytes;
+  }
+  return OnReadResult(r);
+}
+
+QpRx::ReadOutcome QpRx::OnReadResult(const transport::IoResult& result) {
+  switch (result.status) {
+    case transport::IoStatus::kOk:
+      CounterAdd(qp_.counters_.rx_syscalls, 1);
+      CounterAdd(qp_.counters_.rx_octets, result.bytes);
+      return ReadOutcome::kProgress;
+    case transport::IoStatus::kWouldBlock:
+      return ReadOutcome::kWouldBlock;
+    case transport::IoStatus::kClosed:
+      OnPeerClosed();
+      return ReadOutcome::kStop;
+    case transport::IoStatus::kError:
+      OnLlpFailure(result.error);
+      return ReadOutcome::kStop;
+  }
+  return ReadOutcome::kStop;
+}
+
+std::size_t QpRx::TailGuess() const {
+  // Pad and CRC of this FPDU, then the next one's ULPDU_Length and a header
+  // like this one's; markers may add one each.
+  std::size_t guess = mpa::PadLength(ulpdu_length_) + mpa::kCrcSize + mpa::kUlpduLengthSize +
+                      std::max(header_raw_length_, rdmap::kDdpUntaggedHeaderSize);
+  if (params_.rx_markers) guess += 2 * mpa::kMarkerSize;
+  return std::min(guess, staging_.size());
+}
+
+bool QpRx::ConsumeStaged() {
+  while (Staged() > 0) {
+    if (stopped_) return false;
+    const mpa::RxDemand demand = parser_->Demand();
+    const ByteSpan staged(staging_.data() + staged_begin_, Staged());
+    switch (demand.kind) {
+      case mpa::RxDemand::Kind::kFailed:
+        return false;
+      case mpa::RxDemand::Kind::kFraming: {
+        const mpa::RxProgress progress = parser_->ConsumeFraming(staged);
+        staged_begin_ += progress.consumed;
+        if (!HandleEvent(progress.event)) return false;
+        break;
+      }
+      case mpa::RxDemand::Kind::kPayload: {
+        const ByteSpan source = staged.first(std::min(demand.length, staged.size()));
+        if (segment_ == Segment::kTerminate) {
+          // Header copies of a Terminate: at most kMaxTerminateHeaderSize in all.
+          const std::size_t at = rdmap::kTerminateControlSize + demand.payload_offset;
+          const std::size_t room = at < terminate_buf_.size() ? terminate_buf_.size() - at : 0;
+          const std::size_t n = std::min(room, source.size());
+          if (n > 0) std::memcpy(terminate_buf_.data() + at, source.data(), n);
+          terminate_length_ = std::max(terminate_length_, at + n);
+        } else {
+          AccessStatus failure = AccessStatus::kOk;
+          const std::optional<std::size_t> mapped =
+              MapTarget(demand.payload_offset, source.size(), failure);
+          if (!mapped) {
+            PlacementFailed(failure);
+            return false;
+          }
+          std::size_t at = 0;
+          for (std::size_t i = 0; i < *mapped; ++i) {
+            std::memcpy(iov_[i].iov_base, source.data() + at, iov_[i].iov_len);
+            at += iov_[i].iov_len;
+          }
+          ReleaseRefs();
+          CounterAdd(qp_.counters_.rx_staged_payload, source.size());
+        }
+        // The CRC over the staged copy is the CRC over the placed octets.
+        parser_->CommitPayload(source);
+        staged_begin_ += source.size();
+        break;
+      }
+    }
+  }
+  return true;
+}
+
+// ---- Events ----
+
+bool QpRx::HandleEvent(mpa::RxEvent event) {
+  switch (event) {
+    case mpa::RxEvent::kNone:
+      return true;
+    case mpa::RxEvent::kHeaderReady:
+      OnHeader(parser_->header());
+      return !stopped_;
+    case mpa::RxEvent::kFpduComplete:
+      last_boundary_ = parser_->stream_position();
+      OnFpduComplete();
+      return !stopped_;
+    case mpa::RxEvent::kError:
+      OnMpaError(parser_->error());
+      return false;
+  }
+  return false;
+}
+
+void QpRx::Reject(const PendingError& error) {
+  // Nothing of this segment is placed; its payload is read, CRC-checked and
+  // dropped, and the error raised when the FPDU ends (a CRC error wins).
+  pending_ = error;
+  segment_ = Segment::kDiscard;
+  if (payload_length_ > 0) parser_->DiscardPayload();
+}
+
+void QpRx::OnHeader(const mpa::FpduHeaderInfo& info) {
+  segment_ = Segment::kDiscard;
+  pending_.reset();
+  ulpdu_length_ = info.ulpdu_length;
+  payload_length_ = info.payload_length;
+  header_raw_length_ = std::min(info.header.size(), header_raw_.size());
+  std::memcpy(header_raw_.data(), info.header.data(), header_raw_length_);
+
+  const rdmap::HeaderDecodeResult decoded = rdmap::DecodeDdpRdmapHeader(info.header);
+  if (info.truncated || decoded.status != rdmap::HeaderStatus::kOk) {
+    const std::optional<rdmap::TerminateCause> cause = rdmap::TerminateCauseForHeader(decoded);
+    Reject({cause.value_or(rdmap::TerminateCause::RdmapOperationUnspecified())});
+    return;
+  }
+  header_ = decoded.header;
+  const rdmap::OpcodeInfo* op = rdmap::FindOpcode(header_.opcode);
+  // RFC 7306 messages are recognised but not offered (no RFC 7306 support
+  // was negotiated): Unexpected OpCode.
+  if (op == nullptr || op->spec != rdmap::OpcodeSpec::kRfc5040) {
+    Reject({rdmap::TerminateCause::RdmapUnexpectedOpcode()});
+    return;
+  }
+  if (awaiting_rtr_ && header_.opcode != rdmap::Opcode::kTerminate) {
+    CheckRtr(header_);
+    return;
+  }
+  switch (header_.opcode) {
+    case rdmap::Opcode::kRdmaWrite:
+    case rdmap::Opcode::kRdmaReadResponse:
+      HeaderTagged(header_);
+      return;
+    case rdmap::Opcode::kRdmaReadRequest:
+      HeaderReadRequest(header_);
+      return;
+    case rdmap::Opcode::kTerminate:
+      HeaderTerminate(header_);
+      return;
+    default:
+      break;
+  }
+  if (IsSendOpcode(header_.opcode)) {
+    HeaderSend(header_);
+    return;
+  }
+  Reject({rdmap::TerminateCause::RdmapUnexpectedOpcode()});
+}
+
+bool QpRx::CheckRtr(const rdmap::DdpRdmapHeader& h) {
+  // RFC 6581 7.1: the first message must be the negotiated zero-length RTR.
+  bool match = false;
+  switch (params_.rtr_message) {
+    case RtrMessage::kSend:
+      match = h.opcode == rdmap::Opcode::kSend && h.msn == 1 && h.mo == 0 && h.last &&
+              payload_length_ == 0;
+      break;
+    case RtrMessage::kWrite:
+      match = h.opcode == rdmap::Opcode::kRdmaWrite && h.last && payload_length_ == 0;
+      break;
+    case RtrMessage::kRead: {
+      const auto* body = std::get_if<rdmap::ReadRequestBody>(&h.body);
+      match = h.opcode == rdmap::Opcode::kRdmaReadRequest && h.msn == 1 && body != nullptr &&
+              body->read_size == 0 && payload_length_ == 0;
+      break;
+    }
+  }
+  if (!match) {
+    Reject({rdmap::TerminateCause::MpaNoMatchingRtr(), /*copy_header=*/false});
+    return false;
+  }
+  segment_ = Segment::kRtr;
+  return true;
+}
+
+void QpRx::HeaderSend(const rdmap::DdpRdmapHeader& h) {
+  // RFC 5041 5.3 / 7.2: the MSN names the untagged buffer (the receive WR)
+  // and the MO the offset into it. Messages arrive in order over MPA, so the
+  // MSN is the next one (or the current one, mid-message) and the MO the
+  // octets placed so far.
+  if (!send_active_) {
+    if (h.msn != send_msn_) {
+      Reject({rdmap::TerminateCause::DdpInvalidMsnRange()});
+      return;
+    }
+    if (h.mo != 0) {
+      Reject({rdmap::TerminateCause::DdpInvalidMo()});
+      return;
+    }
+    recv_wr_ = qp_.rq_->Take();
+    if (!recv_wr_) {
+      Reject({rdmap::TerminateCause::DdpNoBuffer()});
+      return;
+    }
+    send_active_ = true;
+    send_received_ = 0;
+  } else {
+    if (h.msn != send_msn_) {
+      Reject({rdmap::TerminateCause::DdpInvalidMsnRange()});
+      return;
+    }
+    if (h.mo != send_received_) {
+      Reject({rdmap::TerminateCause::DdpInvalidMo()});
+      return;
+    }
+  }
+  if (std::uint64_t{h.mo} + payload_length_ > recv_wr_->total_length()) {
+    Reject({rdmap::TerminateCause::DdpMessageTooLong(), true, WcStatus::kLocLenErr});
+    return;
+  }
+  segment_ = Segment::kSend;
+  if (payload_length_ > 0) {
+    AccessStatus failure = AccessStatus::kOk;
+    const bool ok = MapTarget(0, payload_length_, failure).has_value();
+    ReleaseRefs();
+    if (!ok) {
+      // Our own receive buffer is bad: the peer did nothing wrong.
+      segment_ = Segment::kDiscard;
+      Reject({rdmap::TerminateCause::DdpLocalCatastrophic(), false, WcStatus::kLocProtErr});
+      return;
+    }
+  }
+}
+
+void QpRx::HeaderTagged(const rdmap::DdpRdmapHeader& h) {
+  MemoryTable& memory = qp_.engine_->memory();
+  const PdId pd = qp_.config_.pd;
+  if (h.opcode == rdmap::Opcode::kRdmaWrite) {
+    // RFC 5041 7.1 / RFC 5042 6: STag, PD (stream), rights, wrap, bounds.
+    if (payload_length_ > 0) {
+      const AccessCheckResult check =
+          memory.Check(h.stag, pd, AccessKind::kRemoteWrite, h.to, payload_length_);
+      if (!check.ok()) {
+        Reject({TaggedPlacementCause(check.status)});
+        return;
+      }
+    }
+    tagged_stag_ = h.stag;
+    tagged_to_ = h.to;
+    segment_ = Segment::kWrite;
+    return;
+  }
+
+  // Read Response: for the oldest outstanding Read Request (RFC 5040 5.2,
+  // responses come in request order), into the sink it named.
+  if (!response_active_) {
+    bool have = false;
+    {
+      std::lock_guard lock(qp_.queue_mutex_);
+      if (qp_.orq_ && !qp_.orq_->empty()) {
+        response_ = *qp_.orq_->Front();
+        have = true;
+      }
+    }
+    if (!have) {
+      Reject({rdmap::TerminateCause::RdmapUnexpectedOpcode()});
+      return;
+    }
+    response_active_ = true;
+    response_received_ = 0;
+  }
+  if (h.stag != response_.sink_stag) {
+    Reject({rdmap::TerminateCause::DdpInvalidStag(), true, std::nullopt, WcStatus::kBadRespErr});
+    return;
+  }
+  const std::uint64_t end = response_received_ + payload_length_;
+  if (h.to != response_.sink_to + response_received_ || end > response_.size) {
+    Reject({rdmap::TerminateCause::DdpBaseOrBounds(), true, std::nullopt, WcStatus::kBadRespErr});
+    return;
+  }
+  if (h.last && end != response_.size) {
+    // The response ended before RDMARDSZ octets arrived.
+    Reject({rdmap::TerminateCause::RdmapOperationUnspecified(), true, std::nullopt,
+            WcStatus::kBadRespErr});
+    return;
+  }
+  if (payload_length_ > 0) {
+    const AccessCheckResult check =
+        memory.Check(h.stag, pd, AccessKind::kRemoteWrite, h.to, payload_length_);
+    if (!check.ok()) {
+      Reject({TaggedPlacementCause(check.status), true, std::nullopt, WcStatus::kLocProtErr});
+      return;
+    }
+  }
+  tagged_stag_ = h.stag;
+  tagged_to_ = h.to;
+  segment_ = Segment::kReadResponse;
+}
+
+void QpRx::HeaderReadRequest(const rdmap::DdpRdmapHeader& h) {
+  const auto* body = std::get_if<rdmap::ReadRequestBody>(&h.body);
+  if (body == nullptr) {
+    Reject({rdmap::TerminateCause::RdmapOperationUnspecified()});
+    return;
+  }
+  // The Read Request is exactly its header: more is too long for the QN 1
+  // buffer it goes to.
+  if (payload_length_ > 0) {
+    Reject({rdmap::TerminateCause::DdpMessageTooLong()});
+    return;
+  }
+  if (h.msn != read_msn_) {
+    Reject({rdmap::TerminateCause::DdpInvalidMsnRange()});
+    return;
+  }
+  std::uint32_t outstanding;
+  {
+    std::lock_guard lock(qp_.queue_mutex_);
+    outstanding = qp_.irq_outstanding_;
+  }
+  // QN 1 holds IRD buffers (RFC 5040 5.2, RFC 5042 6.4.3.3): one more Read
+  // Request finds none.
+  if (outstanding >= params_.ird) {
+    Reject({rdmap::TerminateCause::DdpNoBuffer()});
+    return;
+  }
+  if (body->read_size > 0) {
+    const AccessCheckResult check =
+        qp_.engine_->memory().Check(body->source_stag, qp_.config_.pd, AccessKind::kRemoteRead,
+                                    body->source_to, body->read_size);
+    if (!check.ok()) {
+      Reject({ReadSourceCause(check.status)});
+      return;
+    }
+  }
+  segment_ = Segment::kReadRequest;
+}
+
+void QpRx::HeaderTerminate(const rdmap::DdpRdmapHeader& h) {
+  // The Terminate Control field came with the header (the last 4 octets);
+  // the header copies are the payload.
+  const std::size_t control_at = header_raw_length_ - rdmap::kTerminateControlSize;
+  std::memcpy(terminate_buf_.data(), header_raw_.data() + control_at, rdmap::kTerminateControlSize);
+  terminate_length_ = rdmap::kTerminateControlSize;
+  (void)h;
+  segment_ = Segment::kTerminate;
+  if (payload_length_ > terminate_buf_.size() - rdmap::kTerminateControlSize) {
+    // More than any Terminate can carry: keep the control field only.
+    parser_->DiscardPayload();
+  }
+}
+
+// ---- Completing segments ----
+
+void QpRx::OnFpduComplete() {
+  CounterAdd(qp_.counters_.rx_fpdus, 1);
+  if (pending_) {
+    const PendingError error = *pending_;
+    pending_.reset();
+    Raise(error);
+    return;
+  }
+  switch (segment_) {
+    case Segment::kSend:
+      send_received_ += payload_length_;
+      if (header_.last) CompleteSend();
+      break;
+    case Segment::kReadResponse:
+      response_received_ += payload_length_;
+      if (header_.last) CompleteReadResponse();
+      break;
+    case Segment::kReadRequest:
+      CompleteReadRequest();
+      break;
+    case Segment::kTerminate:
+      CompleteTerminate();
+      break;
+    case Segment::kRtr: {
+      awaiting_rtr_ = false;
+      if (header_.opcode == rdmap::Opcode::kSend) send_msn_ = 2;
+      if (header_.opcode == rdmap::Opcode::kRdmaReadRequest) {
+        CompleteReadRequest();  // answered with a zero-length Read Response
+      }
+      qp_.rtr_received_.store(true, std::memory_order_release);
+      qp_.KickTx();
+      break;
+    }
+    case Segment::kWrite:
+    case Segment::kDiscard:
+    case Segment::kNone:
+      break;
+  }
+  segment_ = Segment::kNone;
+}
+
+void QpRx::CompleteSend() {
+  WorkCompletion wc;
+  wc.wr_id = recv_wr_->wr_id;
+  wc.status = WcStatus::kSuccess;
+  wc.opcode = WcOpcode::kRecv;
+  wc.byte_len = static_cast<std::uint32_t>(send_received_);
+  wc.qp_num = qp_.qp_num();
+  const rdmap::Opcode op = header_.opcode;
+  if (op == rdmap::Opcode::kSendWithInvalidate || op == rdmap::Opcode::kSendWithSeAndInvalidate) {
+    // RFC 5040 5.3: invalidate before the Send is delivered; only STags of
+    // this stream's PD with a remote right (RFC 5042 6.4.5).
+    if (qp_.engine_->memory().InvalidateRemote(header_.invalidate_stag, qp_.config_.pd) !=
+        InvalidateStatus::kOk) {
+      Raise({rdmap::TerminateCause::RdmapStagCannotBeInvalidated(), true,
+             WcStatus::kRemInvReqErr});
+      return;
+    }
+    wc.wc_flags |= kWcWithInv;
+    wc.invalidated_rkey = header_.invalidate_stag;
+  }
+  const bool solicited =
+      op == rdmap::Opcode::kSendWithSe || op == rdmap::Opcode::kSendWithSeAndInvalidate;
+  recv_wr_.reset();
+  send_active_ = false;
+  ++send_msn_;
+  qp_.PushRecvCompletion(wc, solicited);
+}
+
+void QpRx::CompleteReadResponse() {
+  response_active_ = false;
+  {
+    std::lock_guard lock(qp_.queue_mutex_);
+    if (qp_.orq_ && !qp_.orq_->empty()) qp_.orq_->Pop();
+    if (!response_.rtr) {
+      // A Read completes when its last octet is placed (RFC 5040 5.5).
+      Qp::SqEntry& entry = qp_.sq_.At(response_.seq);
+      if (!entry.done) {
+        entry.done = true;
+        entry.status = WcStatus::kSuccess;
+      }
+    }
+  }
+  if (!response_.rtr) qp_.RetireSq();
+  qp_.KickTx();  // an ORD slot or a fence may have opened
+}
+
+void QpRx::CompleteReadRequest() {
+  const auto* body = std::get_if<rdmap::ReadRequestBody>(&header_.body);
+  IrqEntry entry;
+  if (body != nullptr) {
+    entry.sink_stag = body->sink_stag;
+    entry.sink_to = body->sink_to;
+    entry.source_stag = body->source_stag;
+    entry.source_to = body->source_to;
+    entry.size = body->read_size;
+  }
+  {
+    std::lock_guard lock(qp_.queue_mutex_);
+    qp_.irq_->Push(entry);
+    ++qp_.irq_outstanding_;
+  }
+  ++read_msn_;
+  qp_.KickTx();  // Read Responses are produced in request order
+}
+
+void QpRx::CompleteTerminate() {
+  // Linux siw sends the control word in its own bit order (terminate.h);
+  // the flag positions tell which layout arrived.
+  const ByteSpan bytes(terminate_buf_.data(), terminate_length_);
+  const rdmap::TerminateDecodeResult decoded = rdmap::DecodeTerminateHeader(
+      bytes, rdmap::GuessTerminateLayout(bytes).value_or(rdmap::TerminateLayout::kRfc5040));
+  const rdmap::TerminateHeader& t = decoded.header;
+  qp_.RecordTerminateReceived(t);
+
+  Qp::ErrorReport report;
+  report.cause = t.cause;
+  report.peer_terminated = true;
+  report.event = AsyncEventType::kQpFatal;
+  report.failed_status = StatusForPeerCause(t.cause);
+  // Which of our WRs the peer's copy of our header names, if still open.
+  const ByteSpan copy = t.DdpHeaderCopy();
+  if (t.d && copy.size() >= rdmap::kDdpTaggedHeaderSize) {
+    std::lock_guard lock(qp_.queue_mutex_);
+    const bool tagged = (copy[0] & rdmap::kDdpTaggedFlag) != 0;
+    if (!tagged && copy.size() >= rdmap::kDdpUntaggedHeaderSize) {
+      const std::uint32_t qn = LoadBe32(copy.data() + 6);
+      const std::uint32_t msn = LoadBe32(copy.data() + 10);
+      if (qn == rdmap::kQnReadRequest && qp_.orq_) {
+        for (std::uint32_t i = 0; i < qp_.orq_->size(); ++i) {
+          const OrqEntry& e = qp_.orq_->At(i);
+          if (e.msn == msn && !e.rtr) report.failed_seq = e.seq;
+        }
+      } else if (qn == rdmap::kQnSend) {
+        // A Send not fully sent yet: the transmit side may still be on it,
+        // so its status waits for the flush.
+        for (std::uint64_t seq = qp_.sq_.head; seq != qp_.sq_.tail; ++seq) {
+          const Qp::SqEntry& e = qp_.sq_.At(seq);
+          if (!e.done && e.wr.IsSend() && e.msn == msn) {
+            report.failed_seq = seq;
+            report.failed_now = false;
+          }
+        }
+      }
+    } else if (tagged) {
+      const std::uint32_t stag = LoadBe32(copy.data() + 2);
+      for (std::uint64_t seq = qp_.sq_.head; seq != qp_.sq_.tail; ++seq) {
+        const Qp::SqEntry& e = qp_.sq_.At(seq);
+        if (!e.done && e.wr.opcode == SendOpcode::kRdmaWrite && e.wr.rkey == stag) {
+          report.failed_seq = seq;
+          report.failed_now = false;
+          break;
+        }
+      }
+    }
+  }
+  stopped_ = true;
+  AbandonMessage(WcStatus::kWrFlushErr);
+  qp_.RaiseError(report);
+}
+
+// ---- Errors ----
+
+void QpRx::Raise(const PendingError& error) {
+  Qp::ErrorReport report;
+  report.cause = error.cause;
+  report.terminate =
+      error.copy_header
+          ? rdmap::MakeTerminateForSegment(error.cause,
+                                           ByteSpan(header_raw_.data(), header_raw_length_),
+                                           ulpdu_length_)
+          : rdmap::MakeTerminate(error.cause);
+  report.event = EventForCause(error.cause);
+  if (error.read_status && response_active_ && !response_.rtr) {
+    report.failed_seq = response_.seq;
+    report.failed_status = *error.read_status;
+  }
+  stopped_ = true;
+  ReleaseRefs();
+  AbandonMessage(error.recv_status.value_or(WcStatus::kWrFlushErr));
+  qp_.RaiseError(report);
+}
+
+void QpRx::OnMpaError(mpa::MpaError error) {
+  // RFC 5044 8: CRC or marker error; reported with an LLP-layer Terminate.
+  const std::optional<rdmap::TerminateCause> cause = rdmap::TerminateCauseFromMpaError(error);
+  Raise({cause.value_or(rdmap::TerminateCause::MpaLocalCatastrophic()), false});
+}
+
+void QpRx::OnPeerClosed() {
+  eof_ = true;
+  // EPOLLRDHUP is level-triggered: the socket must leave the poller.
+  qp_.StopPolling();
+  if (stopped_) return;
+  const bool mid_fpdu = parser_->stream_position() != last_boundary_;
+  if (mid_fpdu || send_active_ || response_active_) {
+    // The LLP closed inside a message (RFC 5044 8, code 1); the peer may
+    // still read our Terminate.
+    Raise({rdmap::TerminateCause::MpaConnectionLost(), false});
+    return;
+  }
+  stopped_ = true;
+  // An orderly close at a message boundary: send what was posted, then FIN;
+  // the QP goes to ERR (qp_state.h kPeerClosing).
+  const TransitionResult t = qp_.state_.Handle(QpEvent::kPeerClosing);
+  if (t.status == QpStatus::kOk) {
+    {
+      std::lock_guard lock(qp_.queue_mutex_);
+      qp_.tx_close_ = TxClose::kGraceful;
+      qp_.tx_mail_.store(true, std::memory_order_release);
+    }
+    qp_.KickTx();
+  }
+}
+
+void QpRx::OnLlpFailure(int error) {
+  (void)error;
+  eof_ = true;
+  qp_.StopPolling();
+  if (stopped_) return;
+  stopped_ = true;
+  ReleaseRefs();
+  AbandonMessage(WcStatus::kWrFlushErr);
+  Qp::ErrorReport report;
+  report.cause = rdmap::TerminateCause::MpaConnectionLost();
+  report.event = AsyncEventType::kQpFatal;
+  report.abort = true;
+  qp_.RaiseError(report);
+}
+
+void QpRx::PlacementFailed(AccessStatus failure) {
+  // The target passed its check at the header and failed it now: it was
+  // deregistered or invalidated meanwhile. Nothing was written.
+  PendingError error;
+  switch (segment_) {
+    case Segment::kSend:
+      error = {rdmap::TerminateCause::DdpLocalCatastrophic(), false, WcStatus::kLocProtErr};
+      break;
+    case Segment::kReadResponse:
+      error = {TaggedPlacementCause(failure), true, std::nullopt, WcStatus::kLocProtErr};
+      break;
+    default:
+      error = {TaggedPlacementCause(failure)};
+      break;
+  }
+  Raise(error);
+}
+
+// ---- Targets ----
+
+std::optional<std::size_t> QpRx::MapTarget(std::uint64_t offset, std::size_t length,
+                                           AccessStatus& failure) {
+  ReleaseRefs();
+  MemoryTable& memory = qp_.engine_->memory();
+  const PdId pd = qp_.config_.pd;
+  switch (segment_) {
+    case Segment::kWrite:
+    case Segment::kReadResponse: {
+      const std::uint64_t to = tagged_to_ + offset;
+      AccessCheckResult check = memory.Check(tagged_stag_, pd, AccessKind::kRemoteWrite, to, length);
+      if (!check.ok()) {
+        failure = check.status;
+        return std::nullopt;
+      }
+      if (length == 0) return 0;
+      iov_[0].iov_base = check.region->HostPointer(to);
+      iov_[0].iov_len = length;
+      refs_[0] = std::move(check.region);
+      ref_count_ = 1;
+      return 1;
+    }
+    case Segment::kSend: {
+      std::uint64_t message_offset = std::uint64_t{header_.mo} + offset;
+      std::size_t left = length;
+      std::size_t count = 0;
+      std::uint64_t position = 0;
+      for (const Sge& sge : recv_wr_->sges()) {
+        if (left == 0) break;
+        const std::uint64_t end = position + sge.length;
+        if (message_offset < end && sge.length > 0) {
+          const std::uint64_t inner = message_offset - position;
+          const std::size_t n =
+              static_cast<std::size_t>(std::min<std::uint64_t>(sge.length - inner, left));
+          AccessCheckResult check =
+              memory.Check(sge.lkey, pd, AccessKind::kLocalWrite, sge.addr + inner, n);
+          if (!check.ok()) {
+            ReleaseRefs();
+            failure = check.status;
+            return std::nullopt;
+          }
+          iov_[count].iov_base = check.region->HostPointer(sge.addr + inner);
+          iov_[count].iov_len = n;
+          refs_[count] = std::move(check.region);
+          ref_count_ = ++count;
+          message_offset += n;
+          left -= n;
+        }
+        position = end;
+      }
+      if (left != 0) {
+        ReleaseRefs();
+        failure = AccessStatus::kBaseOrBounds;
+        return std::nullopt;
+      }
+      return count;
+    }
+    default:
+      failure = AccessStatus::kInvalidStag;
+      return std::nullopt;
+  }
+}
+
+void QpRx::ReleaseRefs() {
+  for (std::size_t i = 0; i < ref_count_; ++i) refs_[i].Release();
+  ref_count_ = 0;
+}
+
+}  // namespace siwx::engine

@@ -1,0 +1,195 @@
+// The receive side of a QP: reads the FPDU stream with the parser's pull
+// interface (FpduParser, RFC 5044), validates every DDP segment and RDMAP
+// message (RFC 5041 7, RFC 5040 7) and places payload directly into its
+// target: registered memory for tagged segments (RDMA Write, Read Response),
+// the posted receive WR's SGEs for untagged Sends.
+//
+// Placement. For a payload demand the receive side builds an iovec of the
+// target range(s) of exactly the demanded octets and appends a small staging
+// tail sized for the next FPDU's trailer and header, so that in steady state
+// one recvmsg places one FPDU's payload and fetches the framing of the next
+// (research/perf-anchors.md 2.6). Framing octets, and payload that arrived
+// in the staging buffer together with them, go through the staging buffer.
+// Nothing is ever read into a target beyond what the parser demanded.
+//
+// Validation comes before placement: a segment is checked whole when its
+// header arrives (STag, PD, rights, bounds, MSN, MO, lengths); one that fails
+// is not placed at all, its payload is read and CRC-checked by the parser
+// and dropped, and the Terminate is raised when the FPDU ends, so a CRC
+// error in the same FPDU takes precedence (RFC 5044 8). Each read into
+// registered memory re-checks the range it writes and holds the RegionRefs
+// only for that read (memory.h).
+//
+// Payload is placed before the FPDU's CRC has been checked (direct
+// placement); only a completed FPDU with a good CRC completes anything.
+// After an error nothing more is processed: what arrives is read and
+// dropped until the peer closes.
+//
+// Threading: the progress thread only; no lock of its own. It takes the QP's
+// queue_mutex_ briefly for the ORQ/IRQ and kicks the transmit side.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <variant>
+#include <vector>
+
+#include "common/engine/access.h"
+#include "common/engine/completion.h"
+#include "common/engine/memory.h"
+#include "common/engine/stream_params.h"
+#include "common/engine/tx.h"
+#include "common/engine/work_request.h"
+#include "common/transport/tcp_stream.h"
+#include "common/wire/ddp_rdmap.h"
+#include "common/wire/fpdu_parser.h"
+#include "common/wire/terminate.h"
+
+namespace siwx::engine {
+
+class Qp;
+
+// The Terminate cause for a tagged segment (RDMA Write, Read Response) whose
+// target failed the access check: the DDP column of access.h, except that
+// DDP has no access-rights code, so that one is RDMAP's (RFC 5040 4.8).
+rdmap::TerminateCause TaggedPlacementCause(AccessStatus status);
+// The Terminate cause for an RDMA Read Request whose Data Source failed the
+// access check: RDMAP Remote Protection (RFC 5040 4.8, the RDMAP column).
+rdmap::TerminateCause ReadSourceCause(AccessStatus status);
+
+class QpRx {
+ public:
+  explicit QpRx(Qp& qp);
+  ~QpRx();
+  QpRx(const QpRx&) = delete;
+  QpRx& operator=(const QpRx&) = delete;
+
+  // Prepares a fresh stream (at attach).
+  void Start(const StreamParams& params);
+  // Forgets the stream; the receive WR in progress is dropped silently.
+  void Stop();
+  // The socket is readable or hung up: processes what arrived, within a
+  // budget (the poller is level-triggered and reports the rest).
+  void OnReadable(transport::TcpStream& stream);
+  // Completes the receive WR of the message in progress (if any) with
+  // `status`; the stream is over.
+  void AbandonMessage(WcStatus status);
+
+  bool eof() const { return eof_; }
+
+ private:
+  enum class Segment : std::uint8_t {
+    kNone,
+    kDiscard,        // rejected or absorbed: payload is read and dropped
+    kSend,           // untagged QN 0, placed into the receive WR
+    kWrite,          // tagged RDMA Write
+    kReadResponse,   // tagged Read Response for the ORQ head
+    kReadRequest,    // untagged QN 1
+    kTerminate,      // untagged QN 2: payload is the Terminate header copies
+    kRtr,            // the peer's zero-length RTR message
+  };
+
+  // An error found at a segment's header, raised when its FPDU ends.
+  struct PendingError {
+    PendingError() = default;
+    PendingError(const rdmap::TerminateCause& c, bool copy = true,
+                 std::optional<WcStatus> recv = std::nullopt,
+                 std::optional<WcStatus> read = std::nullopt)
+        : cause(c), copy_header(copy), recv_status(recv), read_status(read) {}
+
+    rdmap::TerminateCause cause;
+    bool copy_header = true;  // RFC 5040 4.8 header copies of the segment
+    std::optional<WcStatus> recv_status;  // for the receive WR in progress
+    std::optional<WcStatus> read_status;  // for the Read WR at the ORQ head
+  };
+
+  enum class ReadOutcome : std::uint8_t { kProgress, kWouldBlock, kStop };
+
+  // Consumes buffered octets; false when processing must stop.
+  bool ConsumeStaged();
+  ReadOutcome ReadPayloadDirect(transport::TcpStream& stream, const mpa::RxDemand& demand);
+  ReadOutcome ReadIntoStaging(transport::TcpStream& stream);
+  ReadOutcome OnReadResult(const transport::IoResult& result);
+  void Drain(transport::TcpStream& stream);
+
+  bool HandleEvent(mpa::RxEvent event);
+  void OnHeader(const mpa::FpduHeaderInfo& info);
+  void OnFpduComplete();
+  void OnMpaError(mpa::MpaError error);
+  void OnPeerClosed();
+  void OnLlpFailure(int error);
+
+  void HeaderSend(const rdmap::DdpRdmapHeader& h);
+  void HeaderTagged(const rdmap::DdpRdmapHeader& h);
+  void HeaderReadRequest(const rdmap::DdpRdmapHeader& h);
+  void HeaderTerminate(const rdmap::DdpRdmapHeader& h);
+  bool CheckRtr(const rdmap::DdpRdmapHeader& h);
+  void Reject(const PendingError& error);
+  void CompleteSend();
+  void CompleteReadResponse();
+  void CompleteReadRequest();
+  void CompleteTerminate();
+  void Raise(const PendingError& error);
+
+  // Host ranges of payload octets [offset, offset + length) of the current
+  // segment, with their RegionRefs held in refs_. Returns the number of
+  // iovecs, or nullopt if a region check failed (`failure` says which).
+  std::optional<std::size_t> MapTarget(std::uint64_t offset, std::size_t length,
+                                       AccessStatus& failure);
+  void ReleaseRefs();
+  // The target of the current segment failed its re-check at placement.
+  void PlacementFailed(AccessStatus failure);
+  std::size_t TailGuess() const;
+  std::size_t Staged() const { return staged_end_ - staged_begin_; }
+
+  Qp& qp_;
+  bool started_ = false;
+  bool stopped_ = false;  // an error was raised, or the stream is over: drop input
+  bool eof_ = false;
+  bool socket_drained_ = false;  // the last read returned less than it asked for
+  StreamParams params_;
+  std::optional<mpa::FpduParser> parser_;
+  std::vector<std::uint8_t> staging_;
+  std::size_t staged_begin_ = 0;
+  std::size_t staged_end_ = 0;
+
+  // Current FPDU.
+  Segment segment_ = Segment::kNone;
+  rdmap::DdpRdmapHeader header_;
+  std::array<std::uint8_t, mpa::FpduParser::kMaxUlpduHeaderSize> header_raw_{};
+  std::size_t header_raw_length_ = 0;
+  std::uint16_t ulpdu_length_ = 0;
+  std::size_t payload_length_ = 0;
+  std::optional<PendingError> pending_;
+  std::uint32_t tagged_stag_ = 0;   // tagged target of the current segment
+  std::uint64_t tagged_to_ = 0;
+  AccessKind tagged_kind_ = AccessKind::kRemoteWrite;
+
+  // Untagged QN 0 message in progress (RFC 5041 5.3).
+  bool send_active_ = false;
+  std::uint32_t send_msn_ = 1;        // expected MSN
+  std::uint64_t send_received_ = 0;   // octets placed so far (next MO)
+  std::optional<ReceiveWorkRequest> recv_wr_;
+  // Read Requests (QN 1).
+  std::uint32_t read_msn_ = 1;
+  // Read Response in progress (for the ORQ head).
+  bool response_active_ = false;
+  OrqEntry response_;
+  std::uint64_t response_received_ = 0;
+  // Terminate header after the 4-octet control field.
+  std::array<std::uint8_t, rdmap::kMaxTerminateHeaderSize> terminate_buf_{};
+  std::size_t terminate_length_ = 0;
+
+  bool awaiting_rtr_ = false;
+  std::uint64_t last_boundary_ = 0;  // parser stream position after the last FPDU
+
+  std::array<RegionRef, kMaxSge> refs_;
+  std::size_t ref_count_ = 0;
+  std::array<iovec, kMaxSge + 1> iov_{};
+};
+
+}  // namespace siwx::engine

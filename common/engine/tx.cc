@@ -1,0 +1,699 @@
+#include "common/engine/tx.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "common/engine/engine.h"
+#include "common/engine/qp.h"
+#include "common/engine/rx.h"
+
+namespace siwx::engine {
+namespace {
+
+// Wire octets one turn may write before yielding to other QPs (the progress
+// thread) or handing the rest to the progress thread (an inline poster).
+constexpr std::size_t kPumpBudget = std::size_t{8} << 20;
+// Slices per sendmsg (IOV_MAX on Linux).
+constexpr std::size_t kMaxIov = 1024;
+// FPDUs framed ahead: about this many octets, within [kMinSlots, kMaxSlots].
+constexpr std::size_t kBatchOctets = std::size_t{2} << 20;
+constexpr std::size_t kMinSlots = 16;
+constexpr std::size_t kMaxSlots = 64;
+
+rdmap::Opcode SendOpcodeOnWire(const SendWorkRequest& wr) {
+  const bool se = wr.solicited_event();
+  if (wr.invalidates_remote()) {
+    return se ? rdmap::Opcode::kSendWithSeAndInvalidate : rdmap::Opcode::kSendWithInvalidate;
+  }
+  return se ? rdmap::Opcode::kSendWithSe : rdmap::Opcode::kSend;
+}
+
+}  // namespace
+
+QpTx::QpTx(Qp& qp) : qp_(qp) {}
+QpTx::~QpTx() = default;
+
+void QpTx::Start(const StreamParams& params, std::size_t max_ulpdu) {
+  Stop();
+  params_ = params;
+  max_ulpdu_ = max_ulpdu;
+  mpa::FpduFramingConfig framing;
+  framing.crc_enabled = params.crc_enabled;
+  framing.markers_enabled = params.tx_markers;
+  framing.marker_grid_offset = params.tx_marker_grid_offset;
+  framer_.emplace(framing);
+  tx_grid_start_ = params.tx_marker_grid_offset % mpa::kMarkerInterval;
+  wire_written_ = 0;
+  slot_count_ = std::clamp(kBatchOctets / max_ulpdu, kMinSlots, kMaxSlots);
+  slots_ = std::make_unique<Slot[]>(slot_count_);
+  iov_.assign(kMaxIov, iovec{});
+  first_ = 0;
+  in_flight_ = 0;
+  cur_ = Message{};
+  send_msn_ = 1;
+  read_msn_ = 1;
+  rtr_sent_ = false;
+  response_turn_ = true;
+  mode_ = Mode::kOpen;
+  terminate_.reset();
+  terminate_framed_ = false;
+  {
+    std::lock_guard lock(qp_.queue_mutex_);
+    tx_seq_ = qp_.sq_.tail;
+  }
+  started_ = true;
+}
+
+void QpTx::Stop() {
+  ReleaseRefs();
+  slots_.reset();
+  slot_count_ = 0;
+  first_ = 0;
+  in_flight_ = 0;
+  cur_ = Message{};
+  framer_.reset();
+  started_ = false;
+  mode_ = Mode::kDone;
+}
+
+bool QpTx::Pump() {
+  if (!started_ || mode_ == Mode::kDone || !qp_.stream_) return false;
+  std::size_t budget = kPumpBudget;
+  bool more = false;
+  for (;;) {
+    CheckMailbox();
+    Fill();
+    if (mode_ == Mode::kDone) break;
+    if (in_flight_ == 0) {
+      if (mode_ == Mode::kDraining || mode_ == Mode::kStopping ||
+          (mode_ == Mode::kTerminating && terminate_framed_)) {
+        FinishWinding();
+      } else {
+        qp_.SetWriteInterest(false);
+      }
+      break;
+    }
+    if (budget == 0) {
+      more = true;
+      break;
+    }
+    if (!Write(budget)) break;
+  }
+  // Never hold a region across waiting for the network (memory.h).
+  ReleaseRefs();
+  return more && mode_ != Mode::kDone;
+}
+
+void QpTx::CheckMailbox() {
+  if (!qp_.tx_mail_.load(std::memory_order_acquire)) return;
+  std::optional<rdmap::TerminateHeader> terminate;
+  TxClose close;
+  {
+    std::lock_guard lock(qp_.queue_mutex_);
+    terminate = std::move(qp_.tx_terminate_);
+    qp_.tx_terminate_.reset();
+    close = qp_.tx_close_;
+    qp_.tx_close_ = TxClose::kNone;
+    qp_.tx_mail_.store(false, std::memory_order_relaxed);
+  }
+  if (mode_ == Mode::kDone || mode_ == Mode::kTerminating) return;
+  if (terminate) {
+    // The Terminate follows what is already framed (FPDUs are never cut),
+    // and ends the message in progress (RFC 5040 7.1).
+    terminate_ = std::move(terminate);
+    mode_ = Mode::kTerminating;
+    cur_ = Message{};
+  } else if (close == TxClose::kStop) {
+    mode_ = Mode::kStopping;
+    cur_ = Message{};
+  } else if (close == TxClose::kGraceful && mode_ == Mode::kOpen) {
+    mode_ = Mode::kDraining;
+  }
+}
+
+void QpTx::Fill() {
+  while (started_ && in_flight_ < slot_count_ && mode_ != Mode::kDone) {
+    CheckMailbox();
+    if (mode_ == Mode::kTerminating) {
+      if (!terminate_framed_) FrameTerminate();
+      return;
+    }
+    if (cur_.kind != MessageKind::kNone) {
+      if (!FrameSegment()) return;
+      continue;
+    }
+    if (mode_ == Mode::kStopping) return;
+    if (!StartNextMessage()) return;
+  }
+}
+
+bool QpTx::StartNextMessage() {
+  // RTS starts messages; a graceful close (SQD/Closing) still sends what was
+  // posted before it.
+  const QpState state = qp_.state_.state();
+  if (!ProcessesSendQueue(state) && !(mode_ == Mode::kDraining && state == QpState::kClosing)) {
+    return false;
+  }
+  if (params_.rtr_role == RtrRole::kSend && !rtr_sent_) {
+    FrameRtr();
+    return true;
+  }
+  // RFC 6581 7.1: the side that waits for the RTR sends nothing before it.
+  if (!qp_.rtr_received_.load(std::memory_order_acquire)) return false;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const bool response = response_turn_ == (attempt == 0);
+    if (response ? StartResponse() : StartSqMessage()) {
+      response_turn_ = !response;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool QpTx::StartResponse() {
+  IrqEntry entry;
+  {
+    std::lock_guard lock(qp_.queue_mutex_);
+    if (!qp_.irq_ || qp_.irq_->empty()) return false;
+    entry = *qp_.irq_->Front();
+    qp_.irq_->Pop();
+  }
+  cur_ = Message{};
+  cur_.kind = MessageKind::kResponse;
+  cur_.response = entry;
+  cur_.total = entry.size;
+  return true;
+}
+
+bool QpTx::StartSqMessage() {
+  const SendWorkRequest* wr = nullptr;
+  const std::uint64_t seq = tx_seq_;
+  std::size_t orq_size = 0;
+  {
+    std::lock_guard lock(qp_.queue_mutex_);
+    if (seq == qp_.sq_.tail) return false;
+    // Posted in a flush state: never started, flushed at finalization.
+    if (qp_.sq_.At(seq).flush_only) return false;
+    // Stable until the entry completes, which needs it to be started first.
+    wr = &qp_.sq_.At(seq).wr;
+    orq_size = qp_.orq_ ? qp_.orq_->size() : 0;
+  }
+  // A fenced WR waits for every earlier RDMA Read to complete.
+  if ((wr->flags & kSendFence) != 0 && orq_size > 0) return false;
+
+  MemoryTable& memory = qp_.engine_->memory();
+  const PdId pd = qp_.config_.pd;
+  switch (wr->opcode) {
+    case SendOpcode::kLocalInvalidate: {
+      ++tx_seq_;
+      if (memory.InvalidateLocal(wr->invalidate_stag, pd) != InvalidateStatus::kOk) {
+        FailSq(seq, WcStatus::kLocProtErr);
+        return true;
+      }
+      {
+        std::lock_guard lock(qp_.queue_mutex_);
+        qp_.sq_.At(seq).done = true;
+      }
+      qp_.RetireSq();
+      return true;
+    }
+    case SendOpcode::kRdmaRead: {
+      if (params_.ord == 0) {
+        ++tx_seq_;
+        FailSq(seq, WcStatus::kLocQpOpErr);  // no Read may be outstanding at all
+        return true;
+      }
+      if (orq_size >= params_.ord) return false;  // ORD reached: wait for a response
+      const std::uint32_t length = wr->num_sge > 0 ? wr->sge[0].length : 0;
+      // The sink is a tagged buffer the peer writes (RFC 5040 5.2).
+      if (length > 0 && !memory.Check(wr->sge[0].lkey, pd, AccessKind::kRemoteWrite,
+                                      wr->sge[0].addr, length)
+                             .ok()) {
+        ++tx_seq_;
+        FailSq(seq, WcStatus::kLocProtErr);
+        return true;
+      }
+      ++tx_seq_;
+      FrameReadRequest(*wr, seq);
+      return true;
+    }
+    default:
+      break;
+  }
+  // Send variants and RDMA Write.
+  const std::uint64_t total = wr->total_length();
+  if (total > kMaxMessageSize) {
+    ++tx_seq_;
+    FailSq(seq, WcStatus::kLocLenErr);
+    return true;
+  }
+  if (!wr->is_inline()) {
+    for (const Sge& sge : wr->sges()) {
+      if (sge.length == 0) continue;
+      if (!memory.Check(sge.lkey, pd, AccessKind::kLocalRead, sge.addr, sge.length).ok()) {
+        ++tx_seq_;
+        FailSq(seq, WcStatus::kLocProtErr);
+        return true;
+      }
+    }
+  }
+  ++tx_seq_;
+  cur_ = Message{};
+  cur_.kind = MessageKind::kSq;
+  cur_.wr = wr;
+  cur_.seq = seq;
+  cur_.total = total;
+  if (wr->IsSend()) {
+    cur_.msn = send_msn_++;
+    std::lock_guard lock(qp_.queue_mutex_);
+    qp_.sq_.At(seq).msn = cur_.msn;
+  }
+  return true;
+}
+
+QpTx::Slot& QpTx::NewSlot() {
+  Slot& slot = slots_[(first_ + in_flight_) % slot_count_];
+  for (std::size_t i = 0; i < slot.source_count; ++i) slot.refs[i].Release();
+  slot.sent = 0;
+  slot.role = Role::kSqSegment;
+  slot.last = false;
+  slot.seq = 0;
+  slot.source_kind = AccessKind::kLocalRead;
+  slot.source_count = 0;
+  slot.refs_held = false;
+  return slot;
+}
+
+bool QpTx::FrameInto(Slot& slot, std::size_t header_length, std::span<const ByteSpan> payload) {
+  const mpa::FrameStatus status =
+      framer_->Frame(ByteSpan(slot.header.data(), header_length), payload, slot.frame);
+  if (status != mpa::FrameStatus::kOk) {
+    // Segments are sized to fit; this is an engine bug, not a peer's.
+    for (std::size_t i = 0; i < slot.source_count; ++i) slot.refs[i].Release();
+    Qp::ErrorReport report;
+    report.cause = rdmap::TerminateCause::RdmapLocalCatastrophic();
+    report.event = AsyncEventType::kQpFatal;
+    report.abort = true;
+    qp_.RaiseError(report);
+    mode_ = Mode::kDone;
+    return false;
+  }
+  ++in_flight_;
+  return true;
+}
+
+bool QpTx::GatherPayload(Slot& slot, std::uint64_t offset, std::size_t length,
+                         std::array<ByteSpan, kMaxSge>& pieces, std::size_t& piece_count,
+                         AccessStatus& failure) {
+  piece_count = 0;
+  slot.source_count = 0;
+  if (length == 0) return true;
+  MemoryTable& memory = qp_.engine_->memory();
+  const PdId pd = qp_.config_.pd;
+  auto add = [&](std::uint32_t stag, std::uint64_t to, std::size_t n, AccessKind kind) {
+    AccessCheckResult check = memory.Check(stag, pd, kind, to, n);
+    if (!check.ok()) {
+      failure = check.status;
+      return false;
+    }
+    const std::size_t i = slot.source_count++;
+    slot.sources[i] = Source{stag, to, static_cast<std::uint32_t>(n)};
+    pieces[piece_count++] = ByteSpan(check.region->HostPointer(to), n);
+    slot.refs[i] = std::move(check.region);
+    slot.refs_held = true;
+    return true;
+  };
+
+  if (cur_.kind == MessageKind::kResponse) {
+    slot.source_kind = AccessKind::kRemoteRead;
+    return add(cur_.response.source_stag, cur_.response.source_to + offset, length,
+               AccessKind::kRemoteRead);
+  }
+  const SendWorkRequest& wr = *cur_.wr;
+  slot.source_kind = AccessKind::kLocalRead;
+  if (wr.is_inline()) {
+    pieces[piece_count++] = ByteSpan(wr.inline_data.data() + offset, length);
+    return true;
+  }
+  std::uint64_t position = 0;  // message offset of the current SGE
+  std::size_t left = length;
+  for (const Sge& sge : wr.sges()) {
+    if (left == 0) break;
+    const std::uint64_t end = position + sge.length;
+    if (offset < end && sge.length > 0) {
+      const std::uint64_t inner = offset - position;
+      const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(sge.length - inner, left));
+      if (!add(sge.lkey, sge.addr + inner, n, AccessKind::kLocalRead)) return false;
+      offset += n;
+      left -= n;
+    }
+    position = end;
+  }
+  return true;
+}
+
+bool QpTx::FrameSegment() {
+  Slot& slot = NewSlot();
+  rdmap::DdpRdmapHeader header;
+  std::size_t room;
+  bool tagged;
+  if (cur_.kind == MessageKind::kSq && cur_.wr->IsSend()) {
+    tagged = false;
+    room = max_ulpdu_ - rdmap::kDdpUntaggedHeaderSize;
+  } else {
+    tagged = true;
+    room = max_ulpdu_ - rdmap::kDdpTaggedHeaderSize;
+  }
+  const std::uint64_t left = cur_.total - cur_.offset;
+  const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(left, room));
+  const bool last = cur_.offset + n == cur_.total;
+
+  if (cur_.kind == MessageKind::kSq) {
+    const SendWorkRequest& wr = *cur_.wr;
+    if (!tagged) {
+      // Untagged: QN 0, the message's MSN, MO = octets before this segment
+      // (RFC 5041 4.3, RFC 5040 5.3).
+      header = rdmap::MakeHeader(SendOpcodeOnWire(wr), last);
+      header.msn = cur_.msn;
+      header.mo = static_cast<std::uint32_t>(cur_.offset);
+      if (wr.invalidates_remote()) header.invalidate_stag = wr.invalidate_stag;
+    } else {
+      // Tagged: the Data Sink's STag and a TO advancing per segment (RFC 5041 4.2).
+      header = rdmap::MakeHeader(rdmap::Opcode::kRdmaWrite, last);
+      header.stag = wr.rkey;
+      header.to = wr.remote_addr + cur_.offset;
+    }
+    slot.role = Role::kSqSegment;
+    slot.seq = cur_.seq;
+  } else {
+    header = rdmap::MakeHeader(rdmap::Opcode::kRdmaReadResponse, last);
+    header.stag = cur_.response.sink_stag;
+    header.to = cur_.response.sink_to + cur_.offset;
+    slot.role = Role::kResponseSegment;
+  }
+  slot.last = last;
+
+  std::array<ByteSpan, kMaxSge> pieces;
+  std::size_t piece_count = 0;
+  AccessStatus failure = AccessStatus::kOk;
+  if (!GatherPayload(slot, cur_.offset, n, pieces, piece_count, failure)) {
+    for (std::size_t i = 0; i < slot.source_count; ++i) slot.refs[i].Release();
+    slot.source_count = 0;
+    if (cur_.kind == MessageKind::kSq) {
+      const std::uint64_t seq = cur_.seq;
+      cur_ = Message{};
+      FailSq(seq, WcStatus::kLocProtErr);
+    } else {
+      cur_ = Message{};
+      FailResponse(failure);
+    }
+    return false;
+  }
+  const rdmap::EncodeResult encoded = rdmap::EncodeDdpRdmapHeader(header, slot.header);
+  if (!FrameInto(slot, encoded.length, std::span<const ByteSpan>(pieces.data(), piece_count))) {
+    return false;
+  }
+  cur_.offset += n;
+  if (last) {
+    if (cur_.kind == MessageKind::kResponse) {
+      // The request leaves the IRD count once its last segment is framed:
+      // the peer cannot send the next one before receiving this.
+      std::lock_guard lock(qp_.queue_mutex_);
+      if (qp_.irq_outstanding_ > 0) --qp_.irq_outstanding_;
+    }
+    cur_ = Message{};
+  }
+  return true;
+}
+
+void QpTx::FrameRtr() {
+  Slot& slot = NewSlot();
+  rdmap::DdpRdmapHeader header;
+  switch (params_.rtr_message) {
+    case RtrMessage::kSend:
+      header = rdmap::MakeHeader(rdmap::Opcode::kSend, true);
+      header.msn = send_msn_++;
+      break;
+    case RtrMessage::kWrite:
+      header = rdmap::MakeHeader(rdmap::Opcode::kRdmaWrite, true);
+      break;
+    case RtrMessage::kRead: {
+      header = rdmap::MakeHeader(rdmap::Opcode::kRdmaReadRequest, true);
+      header.msn = read_msn_++;
+      header.body = rdmap::ReadRequestBody{};
+      OrqEntry entry;
+      entry.msn = header.msn;
+      entry.rtr = true;
+      std::lock_guard lock(qp_.queue_mutex_);
+      qp_.orq_->Push(entry);
+      break;
+    }
+  }
+  slot.role = Role::kRtr;
+  slot.last = true;
+  const rdmap::EncodeResult encoded = rdmap::EncodeDdpRdmapHeader(header, slot.header);
+  rtr_sent_ = true;
+  FrameInto(slot, encoded.length, {});
+}
+
+void QpTx::FrameReadRequest(const SendWorkRequest& wr, std::uint64_t seq) {
+  Slot& slot = NewSlot();
+  rdmap::ReadRequestBody body;
+  if (wr.num_sge > 0) {
+    body.sink_stag = wr.sge[0].lkey;
+    body.sink_to = wr.sge[0].addr;
+    body.read_size = wr.sge[0].length;
+  }
+  body.source_stag = wr.rkey;
+  body.source_to = wr.remote_addr;
+  rdmap::DdpRdmapHeader header = rdmap::MakeHeader(rdmap::Opcode::kRdmaReadRequest, true);
+  header.msn = read_msn_++;
+  header.body = body;
+  {
+    // In the ORQ before it can be on the wire, so its response always finds it.
+    std::lock_guard lock(qp_.queue_mutex_);
+    OrqEntry entry;
+    entry.seq = seq;
+    entry.msn = header.msn;
+    entry.sink_stag = body.sink_stag;
+    entry.sink_to = body.sink_to;
+    entry.size = body.read_size;
+    qp_.orq_->Push(entry);
+    qp_.sq_.At(seq).msn = header.msn;
+  }
+  slot.role = Role::kReadRequest;
+  slot.seq = seq;
+  slot.last = true;
+  const rdmap::EncodeResult encoded = rdmap::EncodeDdpRdmapHeader(header, slot.header);
+  FrameInto(slot, encoded.length, {});
+}
+
+void QpTx::FrameTerminate() {
+  Slot& slot = NewSlot();
+  // Terminate on QN 2 with MSN 1: the only message ever sent there.
+  rdmap::EncodeResult encoded = rdmap::EncodeTerminateMessage(*terminate_, 1, slot.header);
+  if (encoded.status != rdmap::EncodeStatus::kOk) {
+    terminate_ = rdmap::MakeTerminate(terminate_->cause);
+    encoded = rdmap::EncodeTerminateMessage(*terminate_, 1, slot.header);
+  }
+  slot.role = Role::kTerminate;
+  slot.last = true;
+  terminate_framed_ = true;
+  FrameInto(slot, encoded.length, {});
+}
+
+bool QpTx::AcquireRefs(Slot& slot, AccessStatus& failure) {
+  if (slot.refs_held || slot.source_count == 0) return true;
+  MemoryTable& memory = qp_.engine_->memory();
+  for (std::size_t i = 0; i < slot.source_count; ++i) {
+    const Source& s = slot.sources[i];
+    AccessCheckResult check = memory.Check(s.stag, qp_.config_.pd, slot.source_kind, s.to, s.length);
+    if (!check.ok()) {
+      for (std::size_t j = 0; j < i; ++j) slot.refs[j].Release();
+      failure = check.status;
+      return false;
+    }
+    // A stale STag never names a new region, so the framed pointers still
+    // point into this one.
+    slot.refs[i] = std::move(check.region);
+  }
+  slot.refs_held = true;
+  return true;
+}
+
+void QpTx::ReleaseRefs() {
+  if (!slots_) return;
+  for (std::size_t k = 0; k < in_flight_; ++k) {
+    Slot& slot = slots_[(first_ + k) % slot_count_];
+    if (!slot.refs_held) continue;
+    for (std::size_t i = 0; i < slot.source_count; ++i) slot.refs[i].Release();
+    slot.refs_held = false;
+  }
+}
+
+void QpTx::ResetFramerAtSentPosition() {
+  std::uint64_t position = tx_grid_start_ + wire_written_;
+  for (std::size_t k = 0; k < in_flight_; ++k) {
+    const Slot& slot = slots_[(first_ + k) % slot_count_];
+    position += slot.frame.wire_length() - slot.sent;
+  }
+  mpa::FpduFramingConfig framing = framer_->config();
+  framing.marker_grid_offset = static_cast<std::uint32_t>(position % mpa::kMarkerInterval);
+  framer_.emplace(framing);
+}
+
+bool QpTx::Write(std::size_t& budget) {
+  // Re-check every region an unsent octet comes from.
+  for (std::size_t k = 0; k < in_flight_; ++k) {
+    Slot& slot = slots_[(first_ + k) % slot_count_];
+    AccessStatus failure = AccessStatus::kOk;
+    if (AcquireRefs(slot, failure)) continue;
+    if (slot.sent > 0) {
+      // Half an FPDU is on the wire and the rest may no longer be read.
+      Qp::ErrorReport report;
+      report.cause = rdmap::TerminateCause::RdmapLocalCatastrophic();
+      report.event = AsyncEventType::kQpFatal;
+      report.abort = true;
+      ReleaseRefs();
+      if (!qp_.RaiseError(report)) qp_.RequestFinalize(Qp::kFinalizeAbort);
+      mode_ = Mode::kDone;
+      return false;
+    }
+    // Drop this FPDU and everything framed after it, then end the stream.
+    const Role role = slot.role;
+    const std::uint64_t seq = slot.seq;
+    for (std::size_t j = k; j < in_flight_; ++j) {
+      Slot& dropped = slots_[(first_ + j) % slot_count_];
+      for (std::size_t i = 0; i < dropped.source_count; ++i) dropped.refs[i].Release();
+      dropped.refs_held = false;
+    }
+    in_flight_ = k;
+    ResetFramerAtSentPosition();
+    cur_ = Message{};
+    if (role == Role::kResponseSegment) {
+      FailResponse(failure);
+    } else {
+      FailSq(seq, WcStatus::kLocProtErr);
+    }
+    return true;  // frame the Terminate next
+  }
+
+  std::size_t count = 0;
+  std::size_t total = 0;
+  for (std::size_t k = 0; k < in_flight_ && count < iov_.size(); ++k) {
+    const Slot& slot = slots_[(first_ + k) % slot_count_];
+    std::size_t skip = slot.sent;
+    for (const mpa::IoSlice& s : slot.frame.slices()) {
+      if (skip >= s.len) {
+        skip -= s.len;
+        continue;
+      }
+      iov_[count].iov_base = const_cast<std::uint8_t*>(s.base + skip);
+      iov_[count].iov_len = s.len - skip;
+      total += s.len - skip;
+      skip = 0;
+      if (++count == iov_.size()) break;
+    }
+  }
+  const transport::IoResult result =
+      qp_.stream_->WriteV(std::span<const iovec>(iov_.data(), count));
+  switch (result.status) {
+    case transport::IoStatus::kOk:
+      CounterAdd(qp_.counters_.tx_syscalls, 1);
+      CounterAdd(qp_.counters_.tx_octets, result.bytes);
+      budget -= std::min(budget, result.bytes);
+      Advance(result.bytes);
+      if (result.bytes == total) return true;
+      break;  // the socket is full
+    case transport::IoStatus::kWouldBlock:
+      break;
+    case transport::IoStatus::kClosed:
+    case transport::IoStatus::kError: {
+      Qp::ErrorReport report;
+      report.cause = rdmap::TerminateCause::MpaConnectionLost();
+      report.event = AsyncEventType::kQpFatal;
+      report.abort = true;
+      ReleaseRefs();
+      if (!qp_.RaiseError(report)) qp_.RequestFinalize(Qp::kFinalizeAbort);
+      mode_ = Mode::kDone;
+      return false;
+    }
+  }
+  CounterAdd(qp_.counters_.tx_would_block, 1);
+  if (!qp_.SetWriteInterest(true)) {
+    // The poller dropped the socket (the peer closed): nobody would tell us
+    // when it drains, so give up on it.
+    Qp::ErrorReport report;
+    report.cause = rdmap::TerminateCause::MpaConnectionLost();
+    report.event = AsyncEventType::kQpFatal;
+    report.abort = true;
+    ReleaseRefs();
+    if (!qp_.RaiseError(report)) qp_.RequestFinalize(Qp::kFinalizeAbort);
+    mode_ = Mode::kDone;
+  }
+  return false;
+}
+
+void QpTx::Advance(std::size_t octets) {
+  wire_written_ += octets;
+  bool sq_done = false;
+  while (octets > 0 && in_flight_ > 0) {
+    Slot& slot = slots_[first_];
+    const std::size_t remaining = slot.frame.wire_length() - slot.sent;
+    const std::size_t take = std::min(remaining, octets);
+    slot.sent += take;
+    octets -= take;
+    if (slot.sent < slot.frame.wire_length()) break;
+    for (std::size_t i = 0; i < slot.source_count; ++i) slot.refs[i].Release();
+    slot.refs_held = false;
+    CounterAdd(qp_.counters_.tx_fpdus, 1);
+    if (slot.role == Role::kSqSegment && slot.last) {
+      // A Send or Write completes once TCP has taken all of it (RFC 5040 5.5).
+      std::lock_guard lock(qp_.queue_mutex_);
+      Qp::SqEntry& entry = qp_.sq_.At(slot.seq);
+      if (!entry.done) {
+        entry.done = true;
+        entry.status = WcStatus::kSuccess;
+      }
+      sq_done = true;
+    }
+    first_ = (first_ + 1) % slot_count_;
+    --in_flight_;
+  }
+  if (sq_done) qp_.RetireSq();
+}
+
+void QpTx::FailSq(std::uint64_t seq, WcStatus status) {
+  // A local error on a WR moves the QP to ERR; the peer learns of it from a
+  // Local Catastrophic Terminate (RFC 5040 7.1 rule 1, not tied to an
+  // incoming message).
+  Qp::ErrorReport report;
+  report.cause = rdmap::TerminateCause::RdmapLocalCatastrophic();
+  report.terminate = rdmap::MakeTerminate(report.cause);
+  report.failed_seq = seq;
+  report.failed_status = status;
+  qp_.RaiseError(report);
+  CheckMailbox();
+}
+
+void QpTx::FailResponse(AccessStatus status) {
+  // The source of a Read we accepted stopped being readable (deregistered
+  // or invalidated meanwhile): the Read fails as if checked now.
+  Qp::ErrorReport report;
+  report.cause = ReadSourceCause(status);
+  report.terminate = rdmap::MakeTerminate(report.cause);
+  report.event = AsyncEventType::kQpAccessError;
+  qp_.RaiseError(report);
+  CheckMailbox();
+}
+
+void QpTx::FinishWinding() {
+  // The Terminate (if any) and everything before it is out: FIN (RFC 5040
+  // 7.1: the stream is closed after the Terminate).
+  qp_.stream_->ShutdownWrite();
+  mode_ = Mode::kDone;
+  qp_.SetWriteInterest(false);
+  qp_.RequestFinalize(Qp::kFinalizeNone);
+}
+
+}  // namespace siwx::engine

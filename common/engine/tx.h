@@ -1,0 +1,201 @@
+// The transmit side of a QP: turns send WRs, Read Responses, the RTR message
+// and the Terminate into DDP segments (RFC 5041 4), frames them into FPDUs
+// (RFC 5044 4) and writes them with sendmsg straight from registered memory.
+//
+// Segmentation: every message is cut into DDP segments whose ULPDU (header
+// plus payload) is at most the stream's max ULPDU; tagged segments carry
+// STag and a TO advancing by the octets already sent, untagged ones QN, MSN
+// and an MO counting octets (RFC 5041 4.2, 4.3); the final segment has L set.
+// Sends use QN 0, Read Requests QN 1, the Terminate QN 2, each queue's MSN
+// starting at 1 (RFC 5040 4.1, 5.1-5.4).
+//
+// Batching: up to `slot_count` FPDUs are framed ahead; one sendmsg writes
+// all of them (bounded by IOV_MAX slices). After a partial write the rest of
+// each FPDU is sent exactly as framed: the CRC was computed over the user
+// buffer at framing time, so the buffer must not change until the WR
+// completes (verbs leaves changing it undefined; the peer would see a CRC
+// error). Payload pieces are re-checked against the STag table before every
+// sendmsg that reads them and their RegionRefs are dropped before the gate
+// holder returns, so a Deregister never waits for the network; a piece that
+// fails the re-check ends the stream (never sending octets from memory that
+// is no longer registered).
+//
+// Threading: every method runs with the QP's transmit gate held (see qp.h),
+// so the state below needs no lock; queue_mutex_ is taken briefly to read
+// the SQ, ORQ and IRQ. Not validated here: inbound anything (QpRx).
+#pragma once
+
+#include <sys/uio.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "common/engine/access.h"
+#include "common/engine/completion.h"
+#include "common/engine/memory.h"
+#include "common/engine/stream_params.h"
+#include "common/engine/work_request.h"
+#include "common/wire/ddp_rdmap.h"
+#include "common/wire/fpdu.h"
+#include "common/wire/terminate.h"
+
+namespace siwx::engine {
+
+class Qp;
+
+// A Read Request we sent whose response has not fully arrived (the ORQ,
+// RFC 5040 5.2). Written by the transmit side, consumed by the receive side.
+struct OrqEntry {
+  std::uint64_t seq = 0;        // SQ sequence number of the Read WR
+  std::uint32_t msn = 0;        // QN 1 MSN the Read Request carried
+  std::uint32_t sink_stag = 0;  // where the response must be placed
+  std::uint64_t sink_to = 0;
+  std::uint32_t size = 0;
+  bool rtr = false;             // our zero-length RTR Read; no WR behind it
+};
+
+// A Read Request the peer sent, waiting for its response (the IRQ).
+// Written by the receive side after validation, consumed by the transmit side.
+struct IrqEntry {
+  std::uint32_t sink_stag = 0;
+  std::uint64_t sink_to = 0;
+  std::uint32_t source_stag = 0;
+  std::uint64_t source_to = 0;
+  std::uint32_t size = 0;
+};
+
+// How the transmit side should wind down (posted by other threads through
+// the QP's mailbox).
+enum class TxClose : std::uint8_t {
+  kNone = 0,
+  kGraceful,  // send what was posted before the close, then FIN (Disconnect, peer FIN)
+  kStop,      // abandon the message in progress, FIN (the peer's Terminate)
+};
+
+class QpTx {
+ public:
+  explicit QpTx(Qp& qp);
+  ~QpTx();
+  QpTx(const QpTx&) = delete;
+  QpTx& operator=(const QpTx&) = delete;
+
+  // Prepares a fresh stream: framer, slots, MSNs, RTR state.
+  void Start(const StreamParams& params, std::size_t max_ulpdu);
+  // Drops every framed FPDU and all state; the transmit side is dead until
+  // the next Start.
+  void Stop();
+  // Sends what can be sent now, within a budget; arms EPOLLOUT when the
+  // socket is full; winds down when told to. Returns true if work remains
+  // that only another turn (not writability) will do.
+  bool Pump();
+
+  bool started() const { return started_; }
+
+ private:
+  struct Source {        // a payload piece in registered memory
+    std::uint32_t stag = 0;
+    std::uint64_t to = 0;
+    std::uint32_t length = 0;
+  };
+
+  enum class Role : std::uint8_t {
+    kSqSegment,         // a segment of a Send or Write WR
+    kReadRequest,       // a Read WR's request
+    kResponseSegment,   // a segment of a Read Response
+    kRtr,               // the zero-length RTR message
+    kTerminate,         // the Terminate: nothing may follow it
+  };
+
+  // One framed FPDU in flight. The frame's slices point into `header` and at
+  // registered memory (or a WR's inline data).
+  struct Slot {
+    mpa::FpduFrame frame;
+    std::array<std::uint8_t, 80> header{};  // ULPDU header; a whole Terminate ULPDU fits
+    std::size_t sent = 0;                   // wire octets already written
+    Role role = Role::kSqSegment;
+    bool last = false;                      // final segment of its message
+    std::uint64_t seq = 0;                  // SQ entry (kSqSegment, kReadRequest)
+    AccessKind source_kind = AccessKind::kLocalRead;
+    std::uint8_t source_count = 0;
+    std::array<Source, kMaxSge> sources{};
+    std::array<RegionRef, kMaxSge> refs;
+    bool refs_held = false;
+  };
+
+  enum class MessageKind : std::uint8_t { kNone, kSq, kResponse };
+
+  // The message being segmented.
+  struct Message {
+    MessageKind kind = MessageKind::kNone;
+    const SendWorkRequest* wr = nullptr;  // kSq: stable while the entry is not retired
+    std::uint64_t seq = 0;
+    std::uint32_t msn = 0;                // kSq Sends
+    IrqEntry response;                    // kResponse
+    std::uint64_t offset = 0;
+    std::uint64_t total = 0;
+  };
+
+  enum class Mode : std::uint8_t {
+    kOpen,
+    kDraining,     // start what was posted before the close, then FIN
+    kStopping,     // no new messages; FIN when what is framed is out
+    kTerminating,  // Terminate framed after what is in flight; then FIN
+    kDone,         // FIN sent or gave up; nothing more
+  };
+
+  void CheckMailbox();
+  void Fill();
+  bool StartNextMessage();
+  bool StartSqMessage();
+  bool StartResponse();
+  bool FrameSegment();
+  void FrameRtr();
+  void FrameReadRequest(const SendWorkRequest& wr, std::uint64_t seq);
+  void FrameTerminate();
+  Slot& NewSlot();
+  bool FrameInto(Slot& slot, std::size_t header_length, std::span<const ByteSpan> payload);
+  // Fills slot sources + refs for [offset, offset + length) of the current
+  // message and the payload pieces; false if a region check failed.
+  bool GatherPayload(Slot& slot, std::uint64_t offset, std::size_t length,
+                     std::array<ByteSpan, kMaxSge>& pieces, std::size_t& piece_count,
+                     AccessStatus& failure);
+  bool AcquireRefs(Slot& slot, AccessStatus& failure);
+  void ReleaseRefs();
+  bool Write(std::size_t& budget);
+  void Advance(std::size_t octets);
+  void FailSq(std::uint64_t seq, WcStatus status);
+  void FailResponse(AccessStatus status);
+  void FinishWinding();
+  void ResetFramerAtSentPosition();
+
+  Qp& qp_;
+  bool started_ = false;
+  Mode mode_ = Mode::kOpen;
+  std::optional<rdmap::TerminateHeader> terminate_;
+  bool terminate_framed_ = false;
+
+  StreamParams params_;
+  std::size_t max_ulpdu_ = 0;
+  std::optional<mpa::FpduFramer> framer_;
+  std::uint32_t tx_grid_start_ = 0;   // grid offset at Start
+  std::uint64_t wire_written_ = 0;    // octets written since Start
+
+  std::unique_ptr<Slot[]> slots_;
+  std::size_t slot_count_ = 0;
+  std::size_t first_ = 0;   // oldest in-flight slot
+  std::size_t in_flight_ = 0;
+  std::vector<iovec> iov_;
+
+  Message cur_;
+  std::uint64_t tx_seq_ = 0;          // next SQ entry to start
+  std::uint32_t send_msn_ = 1;        // next QN 0 MSN, RFC 5041 5.1
+  std::uint32_t read_msn_ = 1;        // next QN 1 MSN
+  bool rtr_sent_ = false;
+  bool response_turn_ = true;         // alternate IRQ and SQ at message boundaries
+};
+
+}  // namespace siwx::engine
