@@ -2,7 +2,8 @@
 # Runs every siwx test: installs what is missing, then
 #  1. a g++ build with warnings as errors: all CTest labels except fuzz;
 #  2. a clang ASan+UBSan build with the libFuzzer targets: every label,
-#     fuzzing each target for SIWX_FUZZ_SECONDS (default 60).
+#     fuzzing each target for SIWX_FUZZ_SECONDS (default 60);
+#  3. a clang TSan build: the unit and engine labels (the threaded code).
 # Build settings live in CMakePresets.json. Exits non-zero on the first failure.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -16,6 +17,11 @@ echo "== build/release (g++, -Werror)"
 cmake --preset release >/dev/null
 ninja -C build/release -j"$jobs"
 (cd build/release && ctest -j"$jobs" --output-on-failure -LE fuzz)
+
+echo "== build/tsan (clang, TSan): unit and engine"
+cmake --preset tsan >/dev/null
+ninja -C build/tsan -j"$jobs" siwx_unit_tests siwx_engine_tests
+(cd build/tsan && ctest -j"$jobs" --output-on-failure -L 'unit|engine')
 
 echo "== build/asan (clang, ASan+UBSan, libFuzzer)"
 cmake --preset asan >/dev/null
