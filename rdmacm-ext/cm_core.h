@@ -1,0 +1,308 @@
+// The connection manager behind librdmacm-siwx.so: rdma_cm ids, event
+// channels and events, TCP listen/connect, and MPA startup (RFC 5044 7.1,
+// the Rtr/S-bit proposal, RFC 6581) driven by mpa::MpaNegotiator, ending in
+// the handover of the connected socket to the id's QP (siwxdv.h).
+//
+// Objects. Each public struct (rdma_event_channel, rdma_cm_id,
+// rdma_cm_event) is the first member of a private wrapper; the public
+// pointers the application holds are looked up in registries, so an unknown
+// or stale pointer is EINVAL, never a crash.
+//
+// Threads and ownership. One CM thread per process runs an epoll loop over
+// listening, connecting and handshaking sockets, their deadlines, and the
+// provider's stream notifications. It exists while at least one id exists:
+// the first rdma_create_id starts it and the last rdma_destroy_id joins it
+// (so a process with no ids has no CM thread, epoll fd or wake-up fd).
+// Application threads and the CM thread share all state under one mutex,
+// mu_; nothing blocks while holding it (sockets are non-blocking). Blocking
+// happens only in rdma_get_cm_event (and the synchronous-id calls built on
+// it), reading the channel's eventfd outside the lock. The provider's notify
+// callback takes only notify_mu_, so the CM may call into the provider
+// while holding mu_.
+//
+// Event channels are eventfds used as a level: readable exactly while the
+// channel has queued events (signalled and cleared under mu_ only), so the
+// fd is pollable and a poll that says "readable" is never followed by a
+// blocking rdma_get_cm_event. rdma_get_cm_event blocks unless the
+// application set O_NONBLOCK on the fd (then -1/EAGAIN).
+//
+// Events and their status (the Linux iw_cm mapping where it has one):
+//   ADDR_RESOLVED / ADDR_ERROR (-ENODEV: no siwx device serves the address;
+//     -errno of the route lookup), ROUTE_RESOLVED (immediate: TCP routes),
+//   CONNECT_REQUEST (listen_id, a new id with verbs set, the Request's
+//     private data and its IRD/ORD as responder_resources/initiator_depth),
+//   CONNECT_RESPONSE (active side whose QP the application created itself,
+//     rdma_conn_param.qp_num: rdma_establish then binds it; as on InfiniBand,
+//     it takes the place of ESTABLISHED),
+//   ESTABLISHED (the Reply's private data on the active side),
+//   REJECTED: MPA Reply with R = 1 (status -ECONNREFUSED, with the peer's
+//     private data), TCP refused (-ECONNREFUSED) or reset/closed during
+//     startup (-ECONNRESET),
+//   UNREACHABLE: TCP connect or MPA startup timeout (-ETIMEDOUT), no route
+//     (-EHOSTUNREACH, -ENETUNREACH),
+//   CONNECT_ERROR: invalid or unexpected startup frames (wrong key, Rev 0 or
+//     3+, PD_Length over 512, Initiator/Initiator, enhanced mismatch, CRC or
+//     marker refusal, insufficient IRD, no matching RTR): -EPROTO; other
+//     socket errors and handover failures: -errno,
+//   DISCONNECTED: once per connection, on rdma_disconnect or when the peer
+//     or the provider ends the stream.
+// Never raised: TIMEWAIT_EXIT (IB CM only; iWARP has no time-wait state to
+// report), DEVICE_REMOVAL (siwx devices are never removed; link changes are
+// port events), ADDR_CHANGE, multicast events.
+//
+// A connection that fails before its CONNECT_REQUEST is raised (a peer that
+// is not MPA, silent, or resets) is dropped silently (logged at info); the
+// listener keeps serving. Listener backlog: at most `backlog` connections in
+// startup or awaiting rdma_accept/rdma_reject; beyond that the listener
+// stops accepting and the kernel queue applies.
+//
+// Not validated here: the FPDU stream after the handover (the engine's),
+// IB-only parameters (retry counts, flow control), and whether the
+// application's QP matches the id's device beyond the context pointer.
+#pragma once
+
+#include <rdma/rdma_cma.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "common/mpa/mpa_negotiator.h"
+#include "rdmacm-ext/cm_config.h"
+#include "rdmacm-ext/cm_socket.h"
+#include "rdmacm-ext/siwx_cm.h"
+
+namespace siwx::cm {
+
+// The value of an enum that came from C code, read without assuming it is
+// one of the enumerators (an out-of-range enum load is undefined behaviour).
+template <typename E>
+int EnumValue(const E& e) {
+  static_assert(sizeof(E) == sizeof(int));
+  int v;
+  std::memcpy(&v, &e, sizeof(v));
+  return v;
+}
+
+using Clock = std::chrono::steady_clock;
+using TimePoint = Clock::time_point;
+
+struct CmId;
+
+struct CmEvent {
+  rdma_cm_event pub{};
+  std::vector<std::uint8_t> private_data;  // pub.param.conn.private_data points here
+  CmId* id = nullptr;                      // the id the event is about (alive while queued)
+  std::uint64_t id_handle = 0;             // its handle, to find it again safely
+  CmId* listener = nullptr;                // CONNECT_REQUEST: the listening id
+};
+
+struct CmChannel {
+  rdma_event_channel pub{};
+  std::deque<CmEvent*> queue;  // guarded by Core::mu_
+  bool sync = false;           // the private channel of a synchronous id
+};
+
+enum class IdState : std::uint8_t {
+  kIdle,
+  kBound,           // rdma_bind_addr: socket bound
+  kAddrResolved,
+  kRouteResolved,
+  kListening,
+  kTcpConnecting,   // active: non-blocking connect in flight
+  kMpaStartup,      // negotiator running
+  kRequestPending,  // passive: CONNECT_REQUEST raised, rdma_accept/rdma_reject pending
+  kFlushing,        // MPA done; writing the last startup frame before the handover
+  kAwaitEstablish,  // active: CONNECT_RESPONSE raised, rdma_establish pending
+  kEstablished,
+  kDisconnected,
+  kRejected,        // rejected by us (passive) or by the peer (active)
+  kFailed,          // setup failed; the event says how
+};
+std::string_view IdStateName(IdState s);
+
+struct CmId {
+  rdma_cm_id pub{};
+  std::uint64_t handle = 0;   // epoll cookie, stream-notify cookie, log prefix CEP[n]
+  CmChannel* channel = nullptr;
+  bool sync = false;
+  bool hidden = false;        // passive id whose CONNECT_REQUEST is not raised yet
+  IdState state = IdState::kIdle;
+  MpaOptions options;
+  std::optional<std::uint8_t> tos;
+  bool reuseaddr = false;
+  bool app_bound = false;     // rdma_bind_addr (or rdma_listen) bound the socket
+  std::optional<bool> afonly;
+
+  int fd = -1;                // owned unless handed to the QP (then -1)
+  bool registered = false;    // fd is in the epoll set
+  std::uint32_t interest = 0;
+
+  int backlog = 0;            // listener
+  int pending = 0;            // listener: children in startup or awaiting the application
+  CmId* listener = nullptr;   // child while it holds a backlog slot
+
+  mpa::MpaRole role = mpa::MpaRole::kInitiator;
+  bool started = false;       // a connection was attempted
+  std::unique_ptr<mpa::MpaNegotiator> negotiator;
+  std::optional<TimePoint> connect_deadline;
+  std::uint16_t ird = 0;      // initiator: offered; responder: accepted
+  std::uint16_t ord = 0;
+  std::uint8_t request_ird = 0;  // values raised with CONNECT_REQUEST (rdma_accept(NULL))
+  std::uint8_t request_ord = 0;
+  std::vector<std::uint8_t> private_data;  // initiator: for the Request
+  std::uint32_t conn_qp_num = 0;
+  ibv_qp* target_qp = nullptr;  // responder: the QP rdma_accept named
+
+  bool mpa_done = false;
+  mpa::NegotiatedParams negotiated;
+  mpa::MpaError mpa_error = mpa::MpaError::kNone;
+  std::string failure;
+  siwx_cm_failure failure_code = SIWX_CM_FAILURE_NONE;
+  int last_status = 0;
+  bool peer_gone = false;     // passive: the peer left while the request was pending
+
+  bool stream_bound = false;
+  // The QP that owns the stream. Only dereferenced while it is pub.qp
+  // (rdma_destroy_qp clears both); a QP the application created itself is
+  // found again by number, because it may have been destroyed behind our back.
+  ibv_qp* bound_qp = nullptr;
+  std::uint32_t bound_qp_num = 0;
+  bool disconnect_posted = false;
+
+  std::optional<ibv_qp_init_attr> ep_qp_init_attr;  // rdma_create_ep, passive
+};
+
+class Core {
+ public:
+  static Core& Get();
+
+  // All return 0 or a positive errno value.
+  int CreateChannel(rdma_event_channel** out);
+  void DestroyChannel(rdma_event_channel* channel);
+  int GetEvent(rdma_event_channel* channel, rdma_cm_event** out);
+  int AckEvent(rdma_cm_event* event);
+
+  int CreateId(rdma_event_channel* channel, rdma_cm_id** out, void* context,
+               rdma_port_space ps, ibv_qp_type qp_type);
+  int DestroyId(rdma_cm_id* id);
+  int MigrateId(rdma_cm_id* id, rdma_event_channel* channel);
+  int BindAddr(rdma_cm_id* id, const sockaddr* addr);
+  int ResolveAddr(rdma_cm_id* id, const sockaddr* src, const sockaddr* dst);
+  int ResolveRoute(rdma_cm_id* id);
+  int Listen(rdma_cm_id* id, int backlog);
+  int Connect(rdma_cm_id* id, const rdma_conn_param* param);
+  int Accept(rdma_cm_id* id, const rdma_conn_param* param);
+  int Reject(rdma_cm_id* id, const void* private_data, std::uint8_t len);
+  int Disconnect(rdma_cm_id* id);
+  int Establish(rdma_cm_id* id);
+  int GetRequest(rdma_cm_id* listen, rdma_cm_id** out);
+  int Notify(rdma_cm_id* id);
+  int SetOption(rdma_cm_id* id, int level, int optname, const void* value, std::size_t len);
+  int InitQpAttr(rdma_cm_id* id, ibv_qp_attr* attr, int* mask);
+  int CreateQpEx(rdma_cm_id* id, ibv_qp_init_attr_ex* attr);
+  void DestroyQp(rdma_cm_id* id);
+  int SetEpQpInitAttr(rdma_cm_id* id, const ibv_qp_init_attr& attr, ibv_pd* pd);
+  void ClearEpQpInitAttr(rdma_cm_id* id);
+  bool KnownId(rdma_cm_id* id);
+
+  int GetMpaOptions(rdma_cm_id* id, siwx_cm_mpa_options* out);
+  int SetMpaOptions(rdma_cm_id* id, const siwx_cm_mpa_options& in);
+  int ConnectionInfo(rdma_cm_id* id, siwx_cm_conn_info* out);
+  int PeerPrivateData(rdma_cm_id* id, void* buf, std::size_t len, std::size_t* full);
+
+  // siwx_stream_notify.event: any thread.
+  static void OnStreamEvent(std::uint64_t cookie, int event, int error);
+
+ private:
+  struct Linger {
+    int fd = -1;
+    bool registered = false;
+    bool shut = false;                 // FIN sent
+    std::vector<std::uint8_t> out;     // still to write before the FIN
+    TimePoint deadline;
+  };
+  struct StreamNote {
+    std::uint64_t cookie;
+    int event;
+    int error;
+  };
+
+  Core() = default;
+
+  // Loop lifetime (lifecycle_mu_, then mu_).
+  int EnsureLoop();
+  void StopLoopIfIdle();
+  void Run();
+  void Wake();
+
+  // Everything below runs with mu_ held.
+  CmId* FindId(rdma_cm_id* pub);
+  CmChannel* FindChannel(rdma_event_channel* pub);
+  CmChannel* NewChannel(bool sync, int* err);
+  void FreeChannel(CmChannel* ch);
+  CmId* NewId(CmChannel* channel, bool sync, void* context, rdma_port_space ps,
+              ibv_qp_type qp_type);
+  void DestroyLocked(CmId* id);
+  CmEvent* Post(CmId* id, rdma_cm_event_type type, int status, ByteSpan private_data = {},
+                std::uint32_t ird = 0, std::uint32_t ord = 0);
+  void RemoveQueuedEvents(CmId* id);
+  void ReleaseBacklogSlot(CmId* id);
+  void SetInterest(CmId* id, std::uint32_t interest);
+  void UpdateInterest(CmId* id);
+  void CloseSocket(CmId* id, bool abortive);
+  void MoveToLinger(CmId* id, ByteSpan out);
+  void DriveLinger(std::uint64_t handle, const net::PollEvent& ev);
+  void HandleIo(std::uint64_t cookie, const net::PollEvent& ev);
+  void AcceptPending(CmId* listener);
+  void StartInitiatorMpa(CmId* id);
+  void FailConnect(CmId* id, int error);
+  void Drive(CmId* id, bool hangup);
+  int FlushNegotiatorOutput(CmId* id);
+  void ProcessNegotiatorEvents(CmId* id);
+  void OnRequestReceived(CmId* id);
+  void OnMpaEstablished(CmId* id);
+  void OnMpaRejected(CmId* id, const mpa::NegotiatorEvent& ev);
+  void OnMpaFailed(CmId* id, const mpa::NegotiatorEvent& ev);
+  void FinishHandover(CmId* id);
+  void BindAndEstablish(CmId* id, ibv_qp* qp, bool post_established);
+  void PeerClosed(CmId* id, int error);
+  ibv_qp* BoundQp(CmId* id);
+  void EndBoundStream(CmId* id, bool abortive);
+  void SendTerminate(CmId* id, mpa::MpaError error);
+  void OnTimers(TimePoint now);
+  int NextTimeoutMs(TimePoint now);
+  void DrainStreamNotes();
+  int WaitSync(rdma_cm_id* pub);
+  void LogEstablished(const CmId* id);
+
+  std::mutex lifecycle_mu_;  // serialises starting and joining the CM thread
+  std::thread thread_;       // guarded by lifecycle_mu_
+
+  std::mutex mu_;
+  bool stop_ = false;                                             // mu_
+  int epfd_ = -1;                                                 // mu_ (fixed while running)
+  int wake_fd_ = -1;                                              // mu_ (fixed while running)
+  std::size_t live_ids_ = 0;                                      // mu_
+  std::uint64_t next_handle_ = 1;                                 // mu_
+  std::unordered_map<rdma_event_channel*, CmChannel*> channels_;  // mu_
+  std::unordered_map<rdma_cm_id*, CmId*> ids_;                    // mu_
+  std::unordered_map<std::uint64_t, CmId*> by_handle_;            // mu_
+  std::unordered_map<rdma_cm_event*, CmEvent*> events_;           // mu_: retrieved, not acked
+  std::unordered_map<std::uint64_t, Linger> lingers_;             // mu_
+
+  std::mutex notify_mu_;
+  int notify_wake_fd_ = -1;              // notify_mu_: wake_fd_ while the loop runs
+  std::vector<StreamNote> notes_;        // notify_mu_
+};
+
+}  // namespace siwx::cm

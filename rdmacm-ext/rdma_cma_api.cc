@@ -1,0 +1,448 @@
+// The rdma_cm API (rdma/rdma_cma.h, librdmacm's RDMACM_1.0..1.3 version
+// nodes) and the siwx_cm.h additions, as C entry points over cm::Core.
+//
+// Every entry point catches everything (Guarded()): no C++ exception
+// crosses into C (an allocation failure becomes ENOMEM). Return convention
+// as librdmacm: 0, or -1 with errno set; pointers or NULL with errno.
+//
+// Not supported over iWARP, and refused with a clear errno: multicast
+// (EOPNOTSUPP), ECE (EOPNOTSUPP), AF_IB and UD port spaces
+// (EPROTONOSUPPORT / EAFNOSUPPORT), IB-only options (ENOSYS). The rsocket
+// API of librdmacm is not provided (it needs librdmacm's private ids).
+#include <netdb.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "rdmacm-ext/cm_core.h"
+#include "rdmacm-ext/cm_devices.h"
+#include "rdmacm-ext/siwx_cm.h"
+
+namespace {
+
+using siwx::cm::Core;
+
+int Fail(int error) {
+  errno = error;
+  return -1;
+}
+
+int Result(int error) { return error == 0 ? 0 : Fail(error); }
+
+// Runs `body` (returning 0 or an errno value) and converts the outcome.
+template <typename Body>
+int Guarded(Body&& body) noexcept {
+  try {
+    return Result(body());
+  } catch (const std::bad_alloc&) {
+    return Fail(ENOMEM);
+  } catch (...) {
+    return Fail(EIO);
+  }
+}
+
+int CopyAddr(sockaddr** dst, socklen_t* dst_len, const sockaddr* src, socklen_t len) {
+  *dst = static_cast<sockaddr*>(std::malloc(len));
+  if (*dst == nullptr) return ENOMEM;
+  std::memcpy(*dst, src, len);
+  *dst_len = len;
+  return 0;
+}
+
+int GaiToErrno(int gai) {
+  switch (gai) {
+    case EAI_NONAME:
+    case EAI_NODATA: return ENOENT;
+    case EAI_AGAIN: return EAGAIN;
+    case EAI_MEMORY: return ENOMEM;
+    case EAI_FAMILY: return EAFNOSUPPORT;
+    case EAI_SERVICE:
+    case EAI_SOCKTYPE:
+    case EAI_BADFLAGS: return EINVAL;
+    case EAI_SYSTEM: return errno != 0 ? errno : EIO;
+    default: return EIO;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// ---- Event channels and events ----
+
+rdma_event_channel* rdma_create_event_channel(void) {
+  rdma_event_channel* channel = nullptr;
+  const int rc = Guarded([&] { return Core::Get().CreateChannel(&channel); });
+  return rc == 0 ? channel : nullptr;
+}
+
+void rdma_destroy_event_channel(rdma_event_channel* channel) {
+  (void)Guarded([&] {
+    Core::Get().DestroyChannel(channel);
+    return 0;
+  });
+}
+
+int rdma_get_cm_event(rdma_event_channel* channel, rdma_cm_event** event) {
+  return Guarded([&] { return Core::Get().GetEvent(channel, event); });
+}
+
+int rdma_ack_cm_event(rdma_cm_event* event) {
+  return Guarded([&] { return Core::Get().AckEvent(event); });
+}
+
+const char* rdma_event_str(rdma_cm_event_type event) {
+  switch (siwx::cm::EnumValue(event)) {
+    case RDMA_CM_EVENT_ADDR_RESOLVED: return "RDMA_CM_EVENT_ADDR_RESOLVED";
+    case RDMA_CM_EVENT_ADDR_ERROR: return "RDMA_CM_EVENT_ADDR_ERROR";
+    case RDMA_CM_EVENT_ROUTE_RESOLVED: return "RDMA_CM_EVENT_ROUTE_RESOLVED";
+    case RDMA_CM_EVENT_ROUTE_ERROR: return "RDMA_CM_EVENT_ROUTE_ERROR";
+    case RDMA_CM_EVENT_CONNECT_REQUEST: return "RDMA_CM_EVENT_CONNECT_REQUEST";
+    case RDMA_CM_EVENT_CONNECT_RESPONSE: return "RDMA_CM_EVENT_CONNECT_RESPONSE";
+    case RDMA_CM_EVENT_CONNECT_ERROR: return "RDMA_CM_EVENT_CONNECT_ERROR";
+    case RDMA_CM_EVENT_UNREACHABLE: return "RDMA_CM_EVENT_UNREACHABLE";
+    case RDMA_CM_EVENT_REJECTED: return "RDMA_CM_EVENT_REJECTED";
+    case RDMA_CM_EVENT_ESTABLISHED: return "RDMA_CM_EVENT_ESTABLISHED";
+    case RDMA_CM_EVENT_DISCONNECTED: return "RDMA_CM_EVENT_DISCONNECTED";
+    case RDMA_CM_EVENT_DEVICE_REMOVAL: return "RDMA_CM_EVENT_DEVICE_REMOVAL";
+    case RDMA_CM_EVENT_MULTICAST_JOIN: return "RDMA_CM_EVENT_MULTICAST_JOIN";
+    case RDMA_CM_EVENT_MULTICAST_ERROR: return "RDMA_CM_EVENT_MULTICAST_ERROR";
+    case RDMA_CM_EVENT_ADDR_CHANGE: return "RDMA_CM_EVENT_ADDR_CHANGE";
+    case RDMA_CM_EVENT_TIMEWAIT_EXIT: return "RDMA_CM_EVENT_TIMEWAIT_EXIT";
+  }
+  return "UNKNOWN EVENT";
+}
+
+// ---- Ids ----
+
+int rdma_create_id(rdma_event_channel* channel, rdma_cm_id** id, void* context,
+                   rdma_port_space ps) {
+  return Guarded([&] { return Core::Get().CreateId(channel, id, context, ps, IBV_QPT_RC); });
+}
+
+int rdma_destroy_id(rdma_cm_id* id) {
+  return Guarded([&] { return Core::Get().DestroyId(id); });
+}
+
+int rdma_migrate_id(rdma_cm_id* id, rdma_event_channel* channel) {
+  return Guarded([&] { return Core::Get().MigrateId(id, channel); });
+}
+
+int rdma_bind_addr(rdma_cm_id* id, sockaddr* addr) {
+  return Guarded([&] { return Core::Get().BindAddr(id, addr); });
+}
+
+int rdma_resolve_addr(rdma_cm_id* id, sockaddr* src_addr, sockaddr* dst_addr,
+                      int /*timeout_ms: resolution is immediate*/) {
+  return Guarded([&] { return Core::Get().ResolveAddr(id, src_addr, dst_addr); });
+}
+
+int rdma_resolve_route(rdma_cm_id* id, int /*timeout_ms*/) {
+  return Guarded([&] { return Core::Get().ResolveRoute(id); });
+}
+
+int rdma_listen(rdma_cm_id* id, int backlog) {
+  return Guarded([&] { return Core::Get().Listen(id, backlog); });
+}
+
+int rdma_connect(rdma_cm_id* id, rdma_conn_param* conn_param) {
+  return Guarded([&] { return Core::Get().Connect(id, conn_param); });
+}
+
+int rdma_accept(rdma_cm_id* id, rdma_conn_param* conn_param) {
+  return Guarded([&] { return Core::Get().Accept(id, conn_param); });
+}
+
+int rdma_reject(rdma_cm_id* id, const void* private_data, uint8_t private_data_len) {
+  return Guarded([&] { return Core::Get().Reject(id, private_data, private_data_len); });
+}
+
+int rdma_reject_ece(rdma_cm_id* id, const void* private_data, uint8_t private_data_len) {
+  // ECE is an InfiniBand CM extension; the reject itself is plain MPA.
+  return rdma_reject(id, private_data, private_data_len);
+}
+
+int rdma_disconnect(rdma_cm_id* id) {
+  return Guarded([&] { return Core::Get().Disconnect(id); });
+}
+
+int rdma_establish(rdma_cm_id* id) {
+  return Guarded([&] { return Core::Get().Establish(id); });
+}
+
+int rdma_get_request(rdma_cm_id* listen, rdma_cm_id** id) {
+  return Guarded([&] { return Core::Get().GetRequest(listen, id); });
+}
+
+int rdma_notify(rdma_cm_id* id, ibv_event_type /*event*/) {
+  return Guarded([&] { return Core::Get().Notify(id); });
+}
+
+int rdma_set_option(rdma_cm_id* id, int level, int optname, void* optval, size_t optlen) {
+  return Guarded([&] { return Core::Get().SetOption(id, level, optname, optval, optlen); });
+}
+
+int rdma_init_qp_attr(rdma_cm_id* id, ibv_qp_attr* qp_attr, int* qp_attr_mask) {
+  return Guarded([&] { return Core::Get().InitQpAttr(id, qp_attr, qp_attr_mask); });
+}
+
+__be16 rdma_get_src_port(rdma_cm_id* id) {
+  if (id == nullptr) return 0;
+  const sockaddr* a = &id->route.addr.src_addr;
+  if (a->sa_family == AF_INET) return id->route.addr.src_sin.sin_port;
+  if (a->sa_family == AF_INET6) return id->route.addr.src_sin6.sin6_port;
+  return 0;
+}
+
+__be16 rdma_get_dst_port(rdma_cm_id* id) {
+  if (id == nullptr) return 0;
+  const sockaddr* a = &id->route.addr.dst_addr;
+  if (a->sa_family == AF_INET) return id->route.addr.dst_sin.sin_port;
+  if (a->sa_family == AF_INET6) return id->route.addr.dst_sin6.sin6_port;
+  return 0;
+}
+
+// ---- QPs and SRQs ----
+
+int rdma_create_qp_ex(rdma_cm_id* id, ibv_qp_init_attr_ex* qp_init_attr) {
+  return Guarded([&] { return Core::Get().CreateQpEx(id, qp_init_attr); });
+}
+
+int rdma_create_qp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* qp_init_attr) {
+  return Guarded([&] {
+    if (qp_init_attr == nullptr) return EINVAL;
+    ibv_qp_init_attr_ex attr{};
+    std::memcpy(&attr, qp_init_attr, sizeof(*qp_init_attr));
+    attr.comp_mask = IBV_QP_INIT_ATTR_PD;
+    attr.pd = pd;
+    const int rc = Core::Get().CreateQpEx(id, &attr);
+    // As stock: the caller sees the CQs and the capabilities granted.
+    if (rc == 0) std::memcpy(qp_init_attr, &attr, sizeof(*qp_init_attr));
+    return rc;
+  });
+}
+
+void rdma_destroy_qp(rdma_cm_id* id) {
+  (void)Guarded([&] {
+    Core::Get().DestroyQp(id);
+    return 0;
+  });
+}
+
+int rdma_create_srq(rdma_cm_id* id, ibv_pd* pd, ibv_srq_init_attr* attr) {
+  return Guarded([&] {
+    if (id == nullptr || attr == nullptr || !Core::Get().KnownId(id)) return EINVAL;
+    if (pd == nullptr) pd = id->pd;
+    if (pd == nullptr) return EINVAL;
+    errno = 0;
+    ibv_srq* srq = ibv_create_srq(pd, attr);
+    if (srq == nullptr) return errno != 0 ? errno : ENOMEM;
+    id->srq = srq;
+    id->pd = pd;
+    return 0;
+  });
+}
+
+int rdma_create_srq_ex(rdma_cm_id* id, ibv_srq_init_attr_ex* attr) {
+  return Guarded([&] {
+    if (id == nullptr || attr == nullptr || !Core::Get().KnownId(id)) return EINVAL;
+    if ((attr->comp_mask & IBV_SRQ_INIT_ATTR_TYPE) != 0 && attr->srq_type != IBV_SRQT_BASIC) {
+      return EOPNOTSUPP;  // XRC and tag matching SRQs are InfiniBand features
+    }
+    ibv_srq_init_attr basic{};
+    basic.srq_context = attr->srq_context;
+    basic.attr = attr->attr;
+    ibv_pd* pd = (attr->comp_mask & IBV_SRQ_INIT_ATTR_PD) != 0 ? attr->pd : nullptr;
+    const int rc = rdma_create_srq(id, pd, &basic);
+    if (rc != 0) return errno;
+    attr->attr = basic.attr;
+    return 0;
+  });
+}
+
+void rdma_destroy_srq(rdma_cm_id* id) {
+  if (id == nullptr || id->srq == nullptr) return;
+  (void)ibv_destroy_srq(id->srq);
+  id->srq = nullptr;
+}
+
+// ---- Endpoints ----
+
+int rdma_create_ep(rdma_cm_id** id, rdma_addrinfo* res, ibv_pd* pd,
+                   ibv_qp_init_attr* qp_init_attr) {
+  return Guarded([&] {
+    if (id == nullptr || res == nullptr) return EINVAL;
+    if (res->ai_port_space != 0 && res->ai_port_space != RDMA_PS_TCP) return EPROTONOSUPPORT;
+    if (res->ai_qp_type != 0 && res->ai_qp_type != IBV_QPT_RC) return EPROTONOSUPPORT;
+    Core& core = Core::Get();
+    rdma_cm_id* cm_id = nullptr;
+    int rc = core.CreateId(nullptr, &cm_id, nullptr, RDMA_PS_TCP, IBV_QPT_RC);
+    if (rc != 0) return rc;
+    if ((res->ai_flags & RAI_PASSIVE) != 0) {
+      rc = core.BindAddr(cm_id, res->ai_src_addr);
+      if (rc == 0 && qp_init_attr != nullptr) rc = core.SetEpQpInitAttr(cm_id, *qp_init_attr, pd);
+      if (rc == 0 && qp_init_attr == nullptr && pd != nullptr) cm_id->pd = pd;
+    } else {
+      rc = core.ResolveAddr(cm_id, res->ai_src_addr, res->ai_dst_addr);
+      if (rc == 0) rc = core.ResolveRoute(cm_id);
+      if (rc == 0 && qp_init_attr != nullptr) {
+        qp_init_attr->qp_type = IBV_QPT_RC;
+        rc = rdma_create_qp(cm_id, pd, qp_init_attr) == 0 ? 0 : errno;
+      }
+    }
+    if (rc != 0) {
+      (void)core.DestroyId(cm_id);
+      return rc;
+    }
+    *id = cm_id;
+    return 0;
+  });
+}
+
+void rdma_destroy_ep(rdma_cm_id* id) {
+  if (id == nullptr) return;
+  (void)Guarded([&] {
+    Core& core = Core::Get();
+    if (!core.KnownId(id)) return EINVAL;
+    if (id->qp != nullptr) core.DestroyQp(id);
+    if (id->srq != nullptr) rdma_destroy_srq(id);
+    core.ClearEpQpInitAttr(id);
+    return core.DestroyId(id);
+  });
+}
+
+// ---- Addresses and devices ----
+
+int rdma_getaddrinfo(const char* node, const char* service, const rdma_addrinfo* hints,
+                     rdma_addrinfo** res) {
+  return Guarded([&] {
+    if (res == nullptr || (node == nullptr && service == nullptr && hints == nullptr)) {
+      return EINVAL;
+    }
+    const rdma_addrinfo no_hints{};
+    if (hints == nullptr) hints = &no_hints;
+    if (hints->ai_family != AF_UNSPEC && hints->ai_family != AF_INET &&
+        hints->ai_family != AF_INET6) {
+      return EAFNOSUPPORT;  // AF_IB needs an InfiniBand fabric
+    }
+    if (hints->ai_port_space != 0 && hints->ai_port_space != RDMA_PS_TCP) return EPROTONOSUPPORT;
+    auto* rai = static_cast<rdma_addrinfo*>(std::calloc(1, sizeof(rdma_addrinfo)));
+    if (rai == nullptr) return ENOMEM;
+    rai->ai_flags = hints->ai_flags;
+    rai->ai_family = hints->ai_family;
+    rai->ai_qp_type = IBV_QPT_RC;
+    rai->ai_port_space = RDMA_PS_TCP;
+    int rc = 0;
+    if (node != nullptr || service != nullptr) {
+      addrinfo ai_hints{};
+      ai_hints.ai_family = hints->ai_family;
+      ai_hints.ai_socktype = SOCK_STREAM;
+      ai_hints.ai_protocol = IPPROTO_TCP;
+      if ((hints->ai_flags & RAI_PASSIVE) != 0) ai_hints.ai_flags |= AI_PASSIVE;
+      if ((hints->ai_flags & RAI_NUMERICHOST) != 0) ai_hints.ai_flags |= AI_NUMERICHOST;
+      addrinfo* ai = nullptr;
+      errno = 0;
+      const int gai = getaddrinfo(node, service, &ai_hints, &ai);
+      if (gai != 0) {
+        rc = GaiToErrno(gai);
+      } else {
+        rai->ai_family = ai->ai_family;
+        if ((hints->ai_flags & RAI_PASSIVE) != 0) {
+          rai->ai_flags = RAI_PASSIVE;
+          rc = CopyAddr(&rai->ai_src_addr, &rai->ai_src_len, ai->ai_addr, ai->ai_addrlen);
+          if (rc == 0 && ai->ai_canonname != nullptr) {
+            rai->ai_src_canonname = strdup(ai->ai_canonname);
+          }
+        } else {
+          rc = CopyAddr(&rai->ai_dst_addr, &rai->ai_dst_len, ai->ai_addr, ai->ai_addrlen);
+          if (rc == 0 && ai->ai_canonname != nullptr) {
+            rai->ai_dst_canonname = strdup(ai->ai_canonname);
+          }
+        }
+        freeaddrinfo(ai);
+      }
+    } else if (hints->ai_dst_len != 0 && hints->ai_dst_addr != nullptr) {
+      rc = CopyAddr(&rai->ai_dst_addr, &rai->ai_dst_len, hints->ai_dst_addr, hints->ai_dst_len);
+    }
+    if (rc == 0 && rai->ai_src_len == 0 && hints->ai_src_len != 0 && hints->ai_src_addr != nullptr) {
+      rc = CopyAddr(&rai->ai_src_addr, &rai->ai_src_len, hints->ai_src_addr, hints->ai_src_len);
+    }
+    if (rc != 0) {
+      rdma_freeaddrinfo(rai);
+      return rc;
+    }
+    *res = rai;
+    return 0;
+  });
+}
+
+void rdma_freeaddrinfo(rdma_addrinfo* res) {
+  while (res != nullptr) {
+    rdma_addrinfo* next = res->ai_next;
+    std::free(res->ai_connect);
+    std::free(res->ai_route);
+    std::free(res->ai_src_canonname);
+    std::free(res->ai_dst_canonname);
+    std::free(res->ai_src_addr);
+    std::free(res->ai_dst_addr);
+    std::free(res);
+    res = next;
+  }
+}
+
+ibv_context** rdma_get_devices(int* num_devices) {
+  try {
+    const std::vector<ibv_context*> contexts = siwx::cm::DeviceRegistry::Get().Contexts();
+    auto** list =
+        static_cast<ibv_context**>(std::calloc(contexts.size() + 1, sizeof(ibv_context*)));
+    if (list == nullptr) {
+      errno = ENOMEM;
+      return nullptr;
+    }
+    for (std::size_t i = 0; i < contexts.size(); ++i) list[i] = contexts[i];
+    if (num_devices != nullptr) *num_devices = static_cast<int>(contexts.size());
+    return list;
+  } catch (...) {
+    errno = ENOMEM;
+    return nullptr;
+  }
+}
+
+void rdma_free_devices(ibv_context** list) { std::free(list); }
+
+// ---- Not over iWARP ----
+
+int rdma_join_multicast(rdma_cm_id*, sockaddr*, void*) { return Fail(EOPNOTSUPP); }
+int rdma_join_multicast_ex(rdma_cm_id*, rdma_cm_join_mc_attr_ex*, void*) {
+  return Fail(EOPNOTSUPP);
+}
+int rdma_leave_multicast(rdma_cm_id*, sockaddr*) { return Fail(EOPNOTSUPP); }
+int rdma_set_local_ece(rdma_cm_id*, ibv_ece*) { return Fail(EOPNOTSUPP); }
+int rdma_get_remote_ece(rdma_cm_id*, ibv_ece*) { return Fail(EOPNOTSUPP); }
+
+// ---- siwx_cm.h ----
+
+int siwx_cm_get_mpa_options(rdma_cm_id* id, siwx_cm_mpa_options* options) {
+  return Guarded([&] { return Core::Get().GetMpaOptions(id, options); });
+}
+
+int siwx_cm_set_mpa_options(rdma_cm_id* id, const siwx_cm_mpa_options* options) {
+  return Guarded([&] {
+    if (options == nullptr) return EINVAL;
+    return Core::Get().SetMpaOptions(id, *options);
+  });
+}
+
+int siwx_cm_connection_info(rdma_cm_id* id, siwx_cm_conn_info* info) {
+  return Guarded([&] { return Core::Get().ConnectionInfo(id, info); });
+}
+
+int siwx_cm_peer_private_data(rdma_cm_id* id, void* buf, size_t len) {
+  std::size_t full = 0;
+  const int rc = Guarded([&] { return Core::Get().PeerPrivateData(id, buf, len, &full); });
+  return rc == 0 ? static_cast<int>(full) : -1;
+}
+
+}  // extern "C"
