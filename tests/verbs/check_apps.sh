@@ -88,9 +88,9 @@ launcher)
 	rc=$?
 	[ "$rc" = 125 ] || fail "missing shim: exit $rc"
 	expect_in "$out" "SIWX_SHIM=/nonexistent/libsiwx-shim.so is not a readable file" "missing shim"
-	# An existing LD_PRELOAD is kept, behind the shim.
+	# An existing LD_PRELOAD is kept, behind the shim and the CM.
 	LD_PRELOAD=libm.so.6 "$run" sh -c 'echo "$LD_PRELOAD"' >"$out" 2>"$err"
-	grep -q 'libsiwx-shim.so:libm.so.6$' "$out" || fail "LD_PRELOAD: $(cat "$out" "$err")"
+	grep -q 'libsiwx-shim.so:[^:]*librdmacm-siwx.so:libm.so.6$' "$out" || fail "LD_PRELOAD: $(cat "$out" "$err")"
 	# --log-level reaches the library.
 	"$run" --log-level info ibv_devices >"$out" 2>"$err" || fail "ibv_devices with --log-level"
 	expect_in "$err" "siwx: info: device siwx_lo on interface lo" "--log-level info"
