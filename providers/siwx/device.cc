@@ -110,6 +110,19 @@ verbs_context* AllocContext(ibv_device* ibdev, int cmd_fd, void* /*private_data*
     if (state->async_events == nullptr) {
       error = errno;
       state.reset();
+    } else {
+      // The progress thread's events name a qp_num; qp.cc maps it back.
+      engine::EngineConfig config;
+      config.on_async_event = [context](const engine::AsyncEvent& event) {
+        OnEngineEvent(context, event);
+      };
+      errno = 0;
+      state->engine = engine::Engine::Create(std::move(config));
+      if (state->engine == nullptr) {
+        // The epoll set or the doorbell eventfd could not be created.
+        error = errno != 0 ? errno : ENOMEM;
+        state.reset();
+      }
     }
   } catch (...) {
     state.reset();

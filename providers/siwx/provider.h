@@ -8,7 +8,8 @@
 //
 // Files: device.cc (device and context, queries, the ops table and driver
 // registration), memory.cc (PD, MR), completion.cc (CQ, completion
-// channel), srq.cc (SRQ), qp.cc (QP ops), async.cc (async events).
+// channel), srq.cc (SRQ), qp.cc (QP ops), async.cc (async events),
+// stream.cc (siwxdv.h: the handover of a connected stream to a QP).
 //
 // Error convention of the ops (ibv_*(3) and the kernel's uverbs): creators
 // return NULL with errno set; int-returning ops return 0 or a positive errno;
@@ -22,9 +23,11 @@
 #include <memory>
 #include <mutex>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 #include "common/engine/completion.h"
+#include "common/engine/engine.h"
 #include "common/engine/memory.h"
 #include "common/engine/receive_queue.h"
 #include "common/engine/work_request.h"
@@ -32,6 +35,7 @@
 #include "providers/siwx/identity.h"
 #include "providers/siwx/pabi34.h"
 #include "providers/siwx/siwx_provider.h"
+#include "providers/siwx/siwxdv.h"
 
 namespace siwx::provider {
 
@@ -92,17 +96,22 @@ struct Device {
   std::vector<Context*> contexts;   // guarded by mutex; open contexts
 };
 
-// What one open device context owns besides libibverbs' part. PDs and MRs
-// live in a MemoryTable. The engine (common/engine/engine.h) owns one of
-// those plus the QPs and the progress thread; putting a
-// std::unique_ptr<engine::Engine> here and returning engine->memory() from
-// memory() is the whole swap for the objects of this directory.
+// What one open device context owns besides libibverbs' part: the engine
+// (PDs and MRs in its MemoryTable, the QPs, the progress thread), the async
+// event fd, and the qp_num -> Qp map that turns the engine's async events
+// (which name a qp_num) into records about an ibv_qp.
+//
+// `engine` is declared last so that it is destroyed first: its progress
+// thread calls back into `qps` and `async_events` until it has stopped.
+struct Qp;
 struct ContextState {
-  engine::MemoryTable& memory() { return memory_table; }
+  engine::MemoryTable& memory() { return engine->memory(); }
 
   Device* device = nullptr;
-  engine::MemoryTable memory_table;
   std::unique_ptr<EventQueue> async_events;  // 16-byte records on ctx->async_fd
+  std::mutex qp_mutex;  // guards qps; held while an event of one of them is posted
+  std::unordered_map<std::uint32_t, Qp*> qps;  // guarded by qp_mutex; live QPs by qp_num
+  std::unique_ptr<engine::Engine> engine;
 };
 
 // An open device (ibv_open_device). Objects left alive at ibv_close_device
@@ -151,12 +160,38 @@ struct Srq {
   std::atomic<std::uint32_t> users;    // QPs attached to it
 };
 
+// The C++ side of a QP (qp.cc): the engine QP, and what verbs and the stream
+// handover (siwxdv.h, stream.cc) keep about it besides the engine's state.
+struct QpShared {
+  std::shared_ptr<engine::Qp> engine;   // set at creation; the QP's own reference
+  std::mutex mutex;                     // guards the fields below
+  unsigned int access_flags = 0;        // IBV_QP_ACCESS_FLAGS as last modified
+  std::uint8_t max_rd_atomic = 0;       // IBV_QP_MAX_QP_RD_ATOMIC (ORD) as last modified
+  std::uint8_t max_dest_rd_atomic = 0;  // IBV_QP_MAX_DEST_RD_ATOMIC (IRD) as last modified
+  bool notify_pending = false;          // the end of the bound stream is still to be reported
+  siwx_stream_notify notify{};          // valid while notify_pending
+};
+
+// A reliable connected QP. The ibv_qp_ex send API is not offered: comp_mask
+// stays 0, so ibv_qp_to_qp_ex() returns NULL for it.
+struct Qp {
+  pabi::verbs_qp vqp;
+  Context* context;
+  Pd* pd;
+  Cq* send_cq;
+  Cq* recv_cq;
+  Srq* srq;          // may be null
+  QpShared* shared;  // owned
+  std::atomic<std::uint32_t> events_posted;  // async events posted about it
+};
+
 static_assert(std::is_standard_layout_v<Device> && offsetof(Device, vdev) == 0);
 static_assert(std::is_standard_layout_v<Context> && offsetof(Context, vctx) == 0);
 static_assert(std::is_standard_layout_v<Pd> && offsetof(Pd, base) == 0);
 static_assert(std::is_standard_layout_v<CompChannel> && offsetof(CompChannel, base) == 0);
 static_assert(std::is_standard_layout_v<Cq> && offsetof(Cq, vcq) == 0);
 static_assert(std::is_standard_layout_v<Srq> && offsetof(Srq, vsrq) == 0);
+static_assert(std::is_standard_layout_v<Qp> && offsetof(Qp, vqp) == 0);
 
 // Base -> siwx object. Only valid for objects this provider created.
 inline Device* ToSiwx(ibv_device* d) { return reinterpret_cast<Device*>(d); }
@@ -167,6 +202,7 @@ inline Pd* ToSiwx(ibv_pd* p) { return reinterpret_cast<Pd*>(p); }
 inline CompChannel* ToSiwx(ibv_comp_channel* c) { return reinterpret_cast<CompChannel*>(c); }
 inline Cq* ToSiwx(ibv_cq* c) { return reinterpret_cast<Cq*>(c); }
 inline Srq* ToSiwx(ibv_srq* s) { return reinterpret_cast<Srq*>(s); }
+inline Qp* ToSiwx(ibv_qp* q) { return reinterpret_cast<Qp*>(q); }
 
 // The ops table's device ops, for ownership tests.
 extern const pabi::verbs_device_ops kDeviceOps;
@@ -220,7 +256,13 @@ int DestroyQp(ibv_qp* qp) noexcept;
 int PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept;
 int PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcept;
 
-// Receive WR conversion shared by post_srq_recv and (later) post_recv:
+// The engine's async events for the context's QPs (EngineConfig callback):
+// QP events go to the async fd, the end of a stream to the CM's notify.
+void OnEngineEvent(Context* context, const engine::AsyncEvent& event);
+// The live QP with this qp_num, or null.
+Qp* FindQp(Context* context, std::uint32_t qp_num);
+
+// Receive WR conversion shared by post_srq_recv and post_recv:
 // EINVAL for a negative or too large num_sge or a missing sg_list.
 int ToEngine(const ibv_recv_wr& wr, std::uint32_t max_sge, engine::ReceiveWorkRequest* out);
 

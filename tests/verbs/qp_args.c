@@ -1,6 +1,6 @@
 /* The argument checks of ibv_create_qp / ibv_create_qp_ex, which do not need
- * a working QP: each bad request fails with its errno. (Successful QP
- * creation needs the engine's QP and is tested with it.) */
+ * a working QP: each bad request fails with its errno. (Successful creation
+ * and the other QP verbs are tested in qp_verbs.c, qp_data.c, qp_events.c.) */
 #include "verbs_test.h"
 
 static struct ibv_qp_init_attr good_rc(struct ibv_cq *cq)

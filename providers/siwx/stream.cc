@@ -1,0 +1,214 @@
+// siwxdv.h: the connection manager hands a connected, MPA-negotiated TCP
+// socket to a QP (siwx_qp_bind_stream), ends it (siwx_qp_disconnect_stream)
+// and finds QPs by number (siwx_qp_lookup). Translation only: the engine QP
+// does the binding (engine::Qp::Bind) and reports the stream's end through
+// the context's engine callback (qp.cc, OnEngineEvent), which calls the
+// notify the CM passed here, once per stream.
+//
+// Ownership of `fd`: the QP works on a duplicate of it, and the original is
+// closed only once the bind succeeded; so on any failure the caller still
+// owns an intact `fd` (whose file status flags now include O_NONBLOCK). The
+// caller must have taken `fd` out of its own epoll sets: the duplicate keeps
+// the socket open after the caller's close.
+//
+// Accepted although engine::StreamParams cannot express them yet: a
+// responder's wait for the first FPDU (wait_first_fpdu, RFC 5044 7.1.2 rule
+// 4) and its timeout; an RTR accept mask with more than one type (the engine
+// expects one message; the one our own Initiator prefers, Write, then Read,
+// then Send, is chosen).
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <new>
+
+#include "common/wire/mpa_constants.h"
+#include "providers/siwx/log.h"
+#include "providers/siwx/provider.h"
+
+namespace siwx::provider {
+namespace {
+
+static_assert(SIWX_RTR_MESSAGE_SEND == static_cast<int>(engine::RtrMessage::kSend));
+static_assert(SIWX_RTR_MESSAGE_WRITE == static_cast<int>(engine::RtrMessage::kWrite));
+static_assert(SIWX_RTR_MESSAGE_READ == static_cast<int>(engine::RtrMessage::kRead));
+
+// The QP behind `ibqp` when it is a siwx QP, else null.
+Qp* OurQp(ibv_qp* ibqp) {
+  if (ibqp == nullptr || !IsSiwxContext(ibqp->context) || ibqp->qp_type != IBV_QPT_RC) {
+    return nullptr;
+  }
+  return ToSiwx(ibqp);
+}
+
+// The caller's parameters with unknown trailing fields as 0: 0 or EINVAL.
+int ReadParams(const siwx_stream_params* in, siwx_stream_params* out) {
+  *out = siwx_stream_params{};
+  if (in == nullptr || in->size < sizeof(in->size)) return EINVAL;
+  std::memcpy(out, in, std::min<std::size_t>(in->size, sizeof(*out)));
+  return 0;
+}
+
+// siwx_stream_params -> engine::StreamParams: 0 or EINVAL.
+int ToEngine(const siwx_stream_params& in, engine::StreamParams* out) {
+  // Grid offsets are positions modulo the marker interval (RFC 5044 4.3).
+  if (in.tx_marker_grid_offset >= mpa::kMarkerInterval ||
+      in.rx_marker_grid_offset >= mpa::kMarkerInterval) {
+    return EINVAL;
+  }
+  if (in.ird > DeviceLimits::kMaxIrd || in.ord > DeviceLimits::kMaxOrd) return EINVAL;
+  out->crc_enabled = in.crc != 0;
+  out->tx_markers = in.tx_markers != 0;
+  out->tx_marker_grid_offset = in.tx_marker_grid_offset;
+  out->rx_markers = in.rx_markers != 0;
+  out->rx_marker_grid_offset = in.rx_marker_grid_offset;
+  out->ird = in.ird;
+  out->ord = in.ord;
+  out->large_fpdus = in.large_fpdus != 0;
+  out->max_ulpdu = in.max_ulpdu;
+  switch (in.rtr_role) {
+    case SIWX_RTR_ROLE_NONE:
+      out->rtr_role = engine::RtrRole::kNone;
+      break;
+    case SIWX_RTR_ROLE_SEND:
+      if (in.rtr_message > SIWX_RTR_MESSAGE_READ) return EINVAL;
+      out->rtr_role = engine::RtrRole::kSend;
+      out->rtr_message = static_cast<engine::RtrMessage>(in.rtr_message);
+      break;
+    case SIWX_RTR_ROLE_AWAIT: {
+      constexpr unsigned kAll = SIWX_RTR_MASK_SEND | SIWX_RTR_MASK_WRITE | SIWX_RTR_MASK_READ;
+      const unsigned mask = in.rtr_accept_mask;
+      if (mask == 0 || (mask & ~kAll) != 0) return EINVAL;
+      out->rtr_role = engine::RtrRole::kAwait;
+      if ((mask & SIWX_RTR_MASK_WRITE) != 0) {
+        out->rtr_message = engine::RtrMessage::kWrite;
+      } else if ((mask & SIWX_RTR_MASK_READ) != 0) {
+        out->rtr_message = engine::RtrMessage::kRead;
+      } else {
+        out->rtr_message = engine::RtrMessage::kSend;
+      }
+      if ((mask & (mask - 1)) != 0) {
+        SIWX_LOG(kInfo, "RTR accept mask 0x%x: the engine expects one RTR type; it waits for "
+                        "the zero-length %s", mask,
+                 out->rtr_message == engine::RtrMessage::kWrite  ? "RDMA Write"
+                 : out->rtr_message == engine::RtrMessage::kRead ? "RDMA Read"
+                                                                 : "Send");
+      }
+      break;
+    }
+    default:
+      return EINVAL;
+  }
+  if (in.wait_first_fpdu != 0) {
+    SIWX_LOG(kDebug, "wait_first_fpdu: the engine does not hold back its first FPDU; the "
+                     "application's first message sets the order (RFC 5044 7.1.2 rule 4)");
+  }
+  return 0;
+}
+
+bool IsStreamSocket(int fd) {
+  int type = 0;
+  socklen_t len = sizeof(type);
+  return ::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_STREAM;
+}
+
+int Bind(Qp* qp, int fd, const siwx_stream_params* raw, const siwx_stream_notify* notify) {
+  siwx_stream_params in;
+  if (int error = ReadParams(raw, &in); error != 0) return error;
+  engine::StreamParams params;
+  if (int error = ToEngine(in, &params); error != 0) return error;
+  if (fd < 0 || !IsStreamSocket(fd)) return EINVAL;
+  QpShared& shared = *qp->shared;
+  engine::Qp& engine_qp = *shared.engine;
+  const engine::QpState state = engine_qp.state();
+  if (state == engine::QpState::kError) return EINVAL;
+  if (state != engine::QpState::kInit && state != engine::QpState::kRtr) {
+    return engine_qp.Query().bound ? EBUSY : EINVAL;
+  }
+  const int own_fd = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (own_fd < 0) return errno == EMFILE || errno == ENFILE ? errno : ENOMEM;
+  std::unique_ptr<transport::TcpStream> stream(new (std::nothrow) transport::TcpStream(own_fd));
+  if (stream == nullptr) {
+    ::close(own_fd);
+    return ENOMEM;
+  }
+  {
+    std::lock_guard<std::mutex> lock(shared.mutex);
+    shared.notify_pending = notify != nullptr && notify->event != nullptr;
+    shared.notify = notify != nullptr ? *notify : siwx_stream_notify{};
+  }
+  engine::BindStatus status;
+  try {
+    status = engine_qp.Bind(std::move(stream), params);
+  } catch (...) {
+    status = engine::BindStatus::kInvalidState;
+  }
+  if (status != engine::BindStatus::kOk) {
+    {
+      std::lock_guard<std::mutex> lock(shared.mutex);
+      shared.notify_pending = false;
+    }
+    // A concurrent bind won the race: EBUSY, as if it had come first.
+    const bool other_stream =
+        engine_qp.state() != engine::QpState::kError && engine_qp.Query().bound;
+    if (status == engine::BindStatus::kInvalidState && other_stream) return EBUSY;
+    return EINVAL;
+  }
+  ::close(fd);  // the QP's duplicate keeps the connection
+  SIWX_LOG(kDebug, "QP %u bound to a stream (crc %d, markers tx %d rx %d, ird %u, ord %u, rtr %u)",
+           qp->vqp.qp.qp_num, in.crc, in.tx_markers, in.rx_markers, in.ird, in.ord,
+           static_cast<unsigned>(in.rtr_role));
+  return 0;
+}
+
+}  // namespace
+}  // namespace siwx::provider
+
+using siwx::provider::Qp;
+
+extern "C" {
+
+int siwx_qp_bind_stream(ibv_qp* ibqp, int fd, const siwx_stream_params* params,
+                        const siwx_stream_notify* notify) {
+  Qp* qp = siwx::provider::OurQp(ibqp);
+  if (qp == nullptr) return EINVAL;
+  return siwx::provider::Bind(qp, fd, params, notify);
+}
+
+int siwx_qp_disconnect_stream(ibv_qp* ibqp, int abortive) {
+  Qp* qp = siwx::provider::OurQp(ibqp);
+  if (qp == nullptr) return EINVAL;
+  siwx::engine::Qp& engine_qp = *qp->shared->engine;
+  if (!engine_qp.Query().bound) return EINVAL;
+  try {
+    if (abortive != 0) {
+      // ERR resets the connection (RST) and flushes (qp_state.h).
+      engine_qp.Modify(siwx::engine::QpState::kError);
+    } else {
+      // SQD: FIN after what is queued. A stream that is already ending
+      // (SQD, SQE, ERR) needs nothing more.
+      engine_qp.Disconnect();
+    }
+  } catch (...) {
+    return ENOMEM;
+  }
+  return 0;
+}
+
+ibv_qp* siwx_qp_lookup(ibv_context* context, uint32_t qp_num) {
+  if (!siwx::provider::IsSiwxContext(context)) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  Qp* qp = siwx::provider::FindQp(siwx::provider::ToSiwx(context), qp_num);
+  if (qp == nullptr) {
+    errno = ENOENT;
+    return nullptr;
+  }
+  return &qp->vqp.qp;
+}
+
+}  // extern "C"
