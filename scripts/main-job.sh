@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The main job: build siwx and run an unmodified RDMA application over the
-# siwx_lo device on this machine, printing its result.
+# The main job: build siwx and run an unmodified RDMA application, perftest's
+# ib_write_bw over rdma_cm (-R), between two processes on the siwx_lo device
+# of this machine, printing its result. rping follows as a second check.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
@@ -9,24 +10,33 @@ scripts/install-deps.sh
 cmake --preset release >/dev/null
 ninja -C build/release
 
-launcher=build/release/kernel-shim/siwx-run
-cm_library=build/release/rdmacm-ext/librdmacm-siwx.so
-if [ ! -f "$cm_library" ]; then
-  # The device is there; unmodified applications still need QPs and the
-  # connection manager.
-  "$launcher" ibv_devinfo -d siwx_lo
-  cat >&2 <<'MSG'
-siwx: the device is attached (above), but it cannot run an application yet:
-the provider's QP verbs and the rdma_cm connection manager have not landed.
-What works today: scripts/run-tests.sh, `build/release/kernel-shim/siwx-run
-ibv_devinfo -v`, and the wire benchmark build/release/benchmarks/wire_bench.
-MSG
-  exit 69
-fi
-
+run=build/release/kernel-shim/siwx-run
 port=$((20000 + RANDOM % 20000))
-"$launcher" -- ib_write_bw -R -d siwx_lo -p "$port" >/tmp/siwx-main-server.log 2>&1 &
+server_log=$(mktemp)
+trap 'rm -f "$server_log"' EXIT
+
+echo "== ib_write_bw -R over siwx_lo (server and client on 127.0.0.1:$port)"
+timeout 120 "$run" -- ib_write_bw -R -d siwx_lo -p "$port" >"$server_log" 2>&1 &
 server=$!
 sleep 1
-"$launcher" -- ib_write_bw -R -d siwx_lo -p "$port" 127.0.0.1
-wait "$server"
+status=0
+timeout 120 "$run" -- ib_write_bw -R -d siwx_lo -p "$port" 127.0.0.1 || status=$?
+wait "$server" || status=$?
+if [ "$status" -ne 0 ]; then
+  echo "siwx: ib_write_bw failed (exit $status); the server side said:" >&2
+  cat "$server_log" >&2
+  exit "$status"
+fi
+
+echo "== rping -C 10 -v over siwx_lo"
+port=$((port + 1))
+timeout 60 "$run" -- rping -s -a 127.0.0.1 -p "$port" -C 10 >"$server_log" 2>&1 &
+server=$!
+sleep 1
+timeout 60 "$run" -- rping -c -a 127.0.0.1 -p "$port" -C 10 -v -S 64 || status=$?
+wait "$server" || status=$?
+if [ "$status" -ne 0 ]; then
+  echo "siwx: rping failed (exit $status); the server side said:" >&2
+  cat "$server_log" >&2
+fi
+exit "$status"
