@@ -1,0 +1,196 @@
+#!/usr/bin/env bash
+# Runs one unmodified RDMA application as a server and a client process under
+# siwx-run, on an ephemeral TCP port, and checks both exit codes and the
+# client's result lines. Each process runs under `timeout`; the server is
+# stopped if it outlives the client, and nothing is left running on exit.
+#
+# Usage: run_pair.sh <siwx-run> <case> [args...]
+#   rping <address|eth> <size> [<dialect>|crc-require]
+#   perftest <tool> [perftest flags...]
+#   fi_pingpong <msg|rdm>
+# Exit status: 0 pass, 1 fail, 77 skipped (e.g. no non-loopback address).
+set -u
+run=$1
+what=$2
+shift 2
+
+# Bounds: the whole apps label should stay within minutes on 2 cores.
+: "${SIWX_APPS_TIMEOUT:=60}"
+server_log=$(mktemp)
+client_log=$(mktemp)
+server_pid=""
+
+cleanup() {
+	if [ -n "$server_pid" ] && kill -0 "$server_pid" 2>/dev/null; then
+		kill -TERM "$server_pid" 2>/dev/null
+		wait "$server_pid" 2>/dev/null
+	fi
+	rm -f "$server_log" "$client_log"
+}
+trap cleanup EXIT
+
+fail() {
+	echo "FAIL: $*" >&2
+	echo "--- server output:" >&2
+	cat "$server_log" >&2
+	echo "--- client output:" >&2
+	cat "$client_log" >&2
+	exit 1
+}
+
+# A port the kernel hands out as free right now; the server binds it a moment
+# later (a race with other programs is possible but unlikely).
+pick_port() {
+	if command -v python3 >/dev/null; then
+		python3 -c 'import socket
+s = socket.socket()
+s.bind(("", 0))
+print(s.getsockname()[1])'
+	else
+		echo $((20000 + RANDOM % 20000))
+	fi
+}
+
+# True once something listens on TCP port $1; gives up after 10 s or when the
+# server has exited.
+wait_listening() {
+	local i
+	for i in $(seq 100); do
+		if ss -Hltn "sport = :$1" 2>/dev/null | grep -q .; then
+			return 0
+		fi
+		kill -0 "$server_pid" 2>/dev/null || return 1
+		sleep 0.1
+	done
+	return 1
+}
+
+# run_pair <port> <server command...> -- <client command...>
+# Environment for one side only: SERVER_ENV / CLIENT_ENV (arrays of VAR=value).
+run_pair() {
+	local port=$1
+	shift
+	local server=() client=()
+	while [ $# -gt 0 ] && [ "$1" != "--" ]; do
+		server+=("$1")
+		shift
+	done
+	shift
+	client=("$@")
+	env "${SERVER_ENV[@]}" timeout -k 5 "$SIWX_APPS_TIMEOUT" "$run" -- "${server[@]}" >"$server_log" 2>&1 &
+	server_pid=$!
+	wait_listening "$port" || fail "server never listened on port $port: ${server[*]}"
+	env "${CLIENT_ENV[@]}" timeout -k 5 "$SIWX_APPS_TIMEOUT" "$run" -- "${client[@]}" >"$client_log" 2>&1
+	client_status=$?
+	if [ "$client_status" -ne 0 ]; then
+		# The server may wait forever for a peer that has gone.
+		kill -TERM "$server_pid" 2>/dev/null
+	fi
+	wait "$server_pid"
+	server_status=$?
+	server_pid=""
+	[ "$client_status" -eq 0 ] || fail "client exited with $client_status: ${client[*]}"
+	[ "$server_status" -eq 0 ] || fail "server exited with $server_status: ${server[*]}"
+}
+
+SERVER_ENV=()
+CLIENT_ENV=()
+port=$(pick_port)
+
+case $what in
+rping)
+	addr=$1
+	size=$2
+	variant=${3:-}
+	count=1000
+	if [ "$addr" = eth ]; then
+		# The first non-loopback IPv4 address (eth0's on the CI machines).
+		addr=$(ip -4 -o addr show 2>/dev/null | awk '$2 != "lo" { sub("/.*", "", $4); print $4; exit }')
+		if [ -z "$addr" ]; then
+			echo "SKIP: no non-loopback IPv4 address"
+			exit 77
+		fi
+	fi
+	case $variant in
+	"") ;;
+	v1 | v1-rtr | v2)
+		SERVER_ENV=(SIWX_MPA_DIALECT="$variant" SIWX_LOG_LEVEL=info)
+		CLIENT_ENV=(SIWX_MPA_DIALECT="$variant" SIWX_LOG_LEVEL=info)
+		;;
+	crc-require)
+		SERVER_ENV=(SIWX_LOG_LEVEL=info)
+		CLIENT_ENV=(SIWX_MPA_CRC=require SIWX_LOG_LEVEL=info)
+		;;
+	*)
+		echo "unknown rping variant '$variant'" >&2
+		exit 2
+		;;
+	esac
+	run_pair "$port" rping -s -a "$addr" -p "$port" -C "$count" -S "$size" -- \
+		rping -c -a "$addr" -p "$port" -C "$count" -v -V -S "$size"
+	lines=$(grep -c '^ping data: rdma-ping-' "$client_log")
+	[ "$lines" = "$count" ] || fail "$lines ping data lines, expected $count"
+	case $variant in
+	v1)
+		grep -q 'connected as Initiator .*: MPA v1 (RFC 5044), Rev 1, CRC off, .*, no RTR' "$client_log" ||
+			fail "client did not negotiate MPA v1"
+		grep -q 'accepted as Responder .*: MPA v1 (RFC 5044), Rev 1, CRC off, .*, no RTR' "$server_log" ||
+			fail "server did not negotiate MPA v1"
+		;;
+	v1-rtr)
+		grep -q 'connected as Initiator .*: MPA v1 + S-bit/Rtr, Rev 1, .*, Rtr frame' "$client_log" ||
+			fail "client did not negotiate MPA v1 with an Rtr frame"
+		grep -q 'accepted as Responder .*: MPA v1 + S-bit/Rtr, Rev 1, .*, Rtr frame' "$server_log" ||
+			fail "server did not negotiate MPA v1 with an Rtr frame"
+		;;
+	v2)
+		grep -q 'connected as Initiator .*: MPA v2 (RFC 6581), Rev 2, CRC off' "$client_log" ||
+			fail "client did not negotiate MPA v2"
+		grep -q 'accepted as Responder .*: MPA v2 (RFC 6581), Rev 2, CRC off' "$server_log" ||
+			fail "server did not negotiate MPA v2"
+		;;
+	crc-require)
+		grep -q 'connected as Initiator .*, CRC on' "$client_log" || fail "client: CRC not on"
+		grep -q 'accepted as Responder .*, CRC on' "$server_log" || fail "server: CRC not on"
+		;;
+	esac
+	echo "rping $addr -S $size ${variant:+($variant) }: $lines pings ok"
+	;;
+perftest)
+	tool=$1
+	shift
+	run_pair "$port" "$tool" -R -d siwx_lo -p "$port" "$@" -- \
+		"$tool" -R -d siwx_lo -p "$port" "$@" 127.0.0.1
+	# Result rows: "<bytes> <iterations> <figures...>", one per message size.
+	rows=$(awk '$1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ && NF >= 4' "$client_log")
+	case " $* " in
+	*" -a "*) expected=23 ;; # 2 B .. 8 MiB, every power of two
+	*) expected=1 ;;
+	esac
+	got=$(printf '%s\n' "$rows" | grep -c .)
+	[ "$got" = "$expected" ] || fail "$got result rows, expected $expected"
+	if [ "$expected" = 1 ]; then
+		case $tool in
+		*_bw) want=65536 ;;
+		*) want=2 ;;
+		esac
+		[ "$(printf '%s\n' "$rows" | awk '{print $1}')" = "$want" ] ||
+			fail "result row is not for $want bytes: $rows"
+	fi
+	echo "$tool $*:"
+	grep -E '^ *#bytes' "$client_log" | head -1
+	printf '%s\n' "$rows"
+	;;
+fi_pingpong)
+	ep=$1
+	run_pair "$port" fi_pingpong -p verbs -e "$ep" -B "$port" -- \
+		fi_pingpong -p verbs -e "$ep" -P "$port" 127.0.0.1
+	grep -Eq '^ *bytes +#sent +#ack +total +time +MB/sec' "$client_log" || fail "no result header"
+	cat "$client_log"
+	;;
+*)
+	echo "usage: $0 <siwx-run> rping|perftest|fi_pingpong args..." >&2
+	exit 2
+	;;
+esac
+exit 0
