@@ -471,6 +471,7 @@ void Qp::Attach() {
     std::lock_guard lock(poll_mutex_);
     poll_fd_ = stream_->fd();
     want_write_ = false;
+    read_closed_ = false;
     add_error = engine_->poller().Add(poll_fd_, this, /*want_read=*/true, /*want_write=*/false);
     polled_ = add_error == 0;
   }
@@ -614,10 +615,17 @@ bool Qp::SetWriteInterest(bool want) {
   std::lock_guard lock(poll_mutex_);
   if (!polled_) return false;
   if (want_write_ != want) {
-    if (engine_->poller().Modify(poll_fd_, this, /*want_read=*/true, want) != 0) return false;
+    if (engine_->poller().Modify(poll_fd_, this, !read_closed_, want) != 0) return false;
     want_write_ = want;
   }
   return true;
+}
+
+void Qp::StopReading() {
+  std::lock_guard lock(poll_mutex_);
+  if (!polled_ || read_closed_) return;
+  read_closed_ = true;
+  engine_->poller().Modify(poll_fd_, this, false, want_write_);
 }
 
 void Qp::StopPolling() {

@@ -303,10 +303,13 @@ class Qp : public std::enable_shared_from_this<Qp> {
   void Detach();                       // command: Destroy's work
   void FlushReceives();                // command: flush the own RQ
   void OnPollEvent(bool readable, bool writable, bool hangup);
-  // Epoll interest (poll_mutex_): TX arms/disarms write interest; RX drops
-  // the fd when the peer closed (EPOLLRDHUP is level-triggered).
+  // Epoll interest (poll_mutex_): TX arms/disarms write interest; when the
+  // peer closed, RX stops read interest (EPOLLIN/EPOLLRDHUP would stay set,
+  // level-triggered) but keeps the fd so an orderly drain can still wait for
+  // writability; Finalize removes it.
   bool SetWriteInterest(bool want);
   void StopPolling();
+  void StopReading();
 
   void EmitEvent(AsyncEventType type);
 
@@ -345,6 +348,7 @@ class Qp : public std::enable_shared_from_this<Qp> {
   std::mutex poll_mutex_;
   bool polled_ = false;       // guarded by poll_mutex_; fd is in the engine's poller
   bool want_write_ = false;   // guarded by poll_mutex_
+  bool read_closed_ = false;  // guarded by poll_mutex_
   int poll_fd_ = -1;          // guarded by poll_mutex_
 
   // Owned by the transmit-gate holder. `stream_` is set and reset only on the

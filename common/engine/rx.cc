@@ -746,8 +746,9 @@ void QpRx::OnMpaError(mpa::MpaError error) {
 
 void QpRx::OnPeerClosed() {
   eof_ = true;
-  // EPOLLRDHUP is level-triggered: the socket must leave the poller.
-  qp_.StopPolling();
+  // EPOLLIN/EPOLLRDHUP stay set now: stop asking for them, but keep the
+  // socket for the write interest an orderly drain may still need.
+  qp_.StopReading();
   if (stopped_) return;
   const bool mid_fpdu = parser_->stream_position() != last_boundary_;
   if (mid_fpdu || send_active_ || response_active_) {

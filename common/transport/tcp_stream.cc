@@ -23,8 +23,8 @@ IoResult FromSyscall(ssize_t n, bool reading) {
 }
 
 std::uint32_t EpollMask(bool want_read, bool want_write) {
-  std::uint32_t mask = EPOLLRDHUP;
-  if (want_read) mask |= EPOLLIN;
+  std::uint32_t mask = 0;
+  if (want_read) mask |= EPOLLIN | EPOLLRDHUP;
   if (want_write) mask |= EPOLLOUT;
   return mask;
 }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -18,6 +19,9 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -335,14 +339,117 @@ struct WireSegment {
   std::vector<std::uint8_t> wire;     // the whole FPDU as read (markers included)
 };
 
+// Collects what an FpduParser delivers: one WireSegment per good FPDU, and
+// the MPA error that stopped it, if any.
+class WireCollector : public mpa::FpduListener {
+ public:
+  void OnFpduHeader(const mpa::FpduHeaderInfo& h) override {
+    current_ = WireSegment{};
+    current_.header.assign(h.header.begin(), h.header.end());
+    current_.decoded = rdmap::DecodeDdpRdmapHeader(h.header);
+    current_.ulpdu_length = h.ulpdu_length;
+  }
+  void OnPayload(std::size_t, ByteSpan octets) override {
+    current_.payload.insert(current_.payload.end(), octets.begin(), octets.end());
+  }
+  void OnFpduComplete(const mpa::FpduCompletion&) override { segments.push_back(current_); }
+  void OnError(mpa::MpaError e) override { error = e; }
+
+  std::vector<WireSegment> segments;
+  mpa::MpaError error = mpa::MpaError::kNone;
+
+ private:
+  WireSegment current_;
+};
+
+// Whether a segment is a well-formed Terminate message.
+inline bool IsTerminate(const WireSegment& seg) {
+  return seg.decoded.status == rdmap::HeaderStatus::kOk &&
+         seg.decoded.header.opcode == rdmap::Opcode::kTerminate;
+}
+
+// The Terminate header a Terminate segment carries (RFC 5040 4.8), decoded.
+inline std::optional<rdmap::TerminateHeader> DecodeTerminateSegment(const WireSegment& seg) {
+  if (!IsTerminate(seg) || seg.header.size() < rdmap::kDdpUntaggedHeaderSize) return std::nullopt;
+  std::vector<std::uint8_t> body(seg.header.begin() + rdmap::kDdpUntaggedHeaderSize, seg.header.end());
+  body.insert(body.end(), seg.payload.begin(), seg.payload.end());
+  const rdmap::TerminateDecodeResult r = rdmap::DecodeTerminateHeader(body);
+  EXPECT_EQ(r.status, rdmap::TerminateStatus::kOk);
+  if (r.status != rdmap::TerminateStatus::kOk) return std::nullopt;
+  return r.header;
+}
+
+// Parses a recorded one-direction stream from its first octet.
+struct ParsedWire {
+  std::vector<WireSegment> segments;
+  mpa::MpaError error = mpa::MpaError::kNone;
+  std::size_t consumed = 0;  // octets the parser took
+};
+inline ParsedWire ParseWire(ByteSpan stream, bool crc, bool markers) {
+  mpa::FpduParser parser(mpa::FpduParserConfig{crc, markers, 0, &rdmap::UlpduHeaderLength});
+  WireCollector collector;
+  ParsedWire out;
+  out.consumed = parser.Feed(stream, collector);
+  out.segments = std::move(collector.segments);
+  out.error = collector.error;
+  return out;
+}
+
+// Open file descriptors of this process (the directory handle used to
+// count them included, the same in every call).
+inline std::size_t OpenFdCount() {
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return 0;
+  std::size_t n = 0;
+  while (const dirent* e = readdir(dir)) {
+    if (e->d_name[0] != '.') ++n;
+  }
+  closedir(dir);
+  return n;
+}
+
+// Aborts the process with `what` if it is still armed after `limit`: a test
+// that would hang fails instead (ctest reports the abort and the message).
+class Watchdog {
+ public:
+  Watchdog(std::chrono::seconds limit, std::string what) : what_(std::move(what)) {
+    thread_ = std::thread([this, limit] {
+      std::unique_lock lock(mutex_);
+      if (!cv_.wait_for(lock, limit, [this] { return disarmed_; })) {
+        std::fprintf(stderr, "WATCHDOG: %s did not finish within %lld s\n", what_.c_str(),
+                     static_cast<long long>(limit.count()));
+        std::fflush(stderr);
+        std::abort();
+      }
+    });
+  }
+  ~Watchdog() {
+    {
+      std::lock_guard lock(mutex_);
+      disarmed_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+ private:
+  std::string what_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool disarmed_ = false;
+  std::thread thread_;
+};
+
 // A test peer on a blocking socket: frames ULPDUs with FpduFramer, parses
 // what the engine sends with FpduParser.
-class RawPeer : public mpa::FpduListener {
+class RawPeer {
  public:
   RawPeer(int fd, bool crc, bool markers) : fd_(fd),
         framer_(mpa::FpduFramingConfig{crc, markers, 0}),
         parser_(mpa::FpduParserConfig{crc, markers, 0, &rdmap::UlpduHeaderLength}) {}
-  ~RawPeer() override {
+  ~RawPeer() {
     if (fd_ >= 0) close(fd_);
   }
   RawPeer(const RawPeer&) = delete;
@@ -395,7 +502,7 @@ class RawPeer : public mpa::FpduListener {
   bool ReadUntil(Pred pred, std::chrono::milliseconds timeout = kWait) {
     const auto deadline = Clock::now() + timeout;
     std::vector<std::uint8_t> buf(64 * 1024);
-    while (!pred(segments_)) {
+    while (!pred(collector_.segments)) {
       if (eof_) return false;
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       if (left.count() <= 0) return false;
@@ -409,7 +516,7 @@ class RawPeer : public mpa::FpduListener {
       if (n < 0) continue;
       bytes_read_ += static_cast<std::size_t>(n);
       raw_.insert(raw_.end(), buf.begin(), buf.begin() + n);
-      parser_.Feed(ByteSpan(buf.data(), static_cast<std::size_t>(n)), *this);
+      parser_.Feed(ByteSpan(buf.data(), static_cast<std::size_t>(n)), collector_);
     }
     return true;
   }
@@ -419,20 +526,10 @@ class RawPeer : public mpa::FpduListener {
   // The Terminate among what was received, decoded.
   std::optional<rdmap::TerminateHeader> WaitTerminate(std::chrono::milliseconds timeout = kWait) {
     ReadUntil([](const std::vector<WireSegment>& s) {
-      for (const WireSegment& seg : s) {
-        if (seg.decoded.status == rdmap::HeaderStatus::kOk &&
-            seg.decoded.header.opcode == rdmap::Opcode::kTerminate) return true;
-      }
-      return false;
+      return std::any_of(s.begin(), s.end(), IsTerminate);
     }, timeout);
-    for (const WireSegment& seg : segments_) {
-      if (seg.decoded.status != rdmap::HeaderStatus::kOk ||
-          seg.decoded.header.opcode != rdmap::Opcode::kTerminate) continue;
-      std::vector<std::uint8_t> body(seg.header.begin() + rdmap::kDdpUntaggedHeaderSize, seg.header.end());
-      body.insert(body.end(), seg.payload.begin(), seg.payload.end());
-      const rdmap::TerminateDecodeResult r = rdmap::DecodeTerminateHeader(body);
-      EXPECT_EQ(r.status, rdmap::TerminateStatus::kOk);
-      return r.header;
+    for (const WireSegment& seg : segments()) {
+      if (IsTerminate(seg)) return DecodeTerminateSegment(seg);
     }
     return std::nullopt;
   }
@@ -446,23 +543,10 @@ class RawPeer : public mpa::FpduListener {
     ReadUntil([](const std::vector<WireSegment>&) { return false; }, timeout);
   }
 
-  const std::vector<WireSegment>& segments() const { return segments_; }
+  const std::vector<WireSegment>& segments() const { return collector_.segments; }
   const std::vector<std::uint8_t>& raw() const { return raw_; }
   bool eof() const { return eof_; }
-  mpa::MpaError parse_error() const { return parse_error_; }
-
-  // FpduListener
-  void OnFpduHeader(const mpa::FpduHeaderInfo& h) override {
-    current_ = WireSegment{};
-    current_.header.assign(h.header.begin(), h.header.end());
-    current_.decoded = rdmap::DecodeDdpRdmapHeader(h.header);
-    current_.ulpdu_length = h.ulpdu_length;
-  }
-  void OnPayload(std::size_t, ByteSpan octets) override {
-    current_.payload.insert(current_.payload.end(), octets.begin(), octets.end());
-  }
-  void OnFpduComplete(const mpa::FpduCompletion&) override { segments_.push_back(current_); }
-  void OnError(mpa::MpaError e) override { parse_error_ = e; }
+  mpa::MpaError parse_error() const { return collector_.error; }
 
   mpa::FpduFramer& framer() { return framer_; }
 
@@ -470,12 +554,10 @@ class RawPeer : public mpa::FpduListener {
   int fd_;
   mpa::FpduFramer framer_;
   mpa::FpduParser parser_;
-  std::vector<WireSegment> segments_;
-  WireSegment current_;
+  WireCollector collector_;
   std::vector<std::uint8_t> raw_;
   std::size_t bytes_read_ = 0;
   bool eof_ = false;
-  mpa::MpaError parse_error_ = mpa::MpaError::kNone;
 };
 
 // Header builders for the raw peer.
