@@ -15,61 +15,19 @@
 #include <random>
 #include <vector>
 
+#include "test_tools/fpdu_reference.h"
+
 namespace siwx::mpa {
 namespace {
 
-using Bytes = std::vector<std::uint8_t>;
-
-// CRC32c bit by bit: reflected polynomial 0x82F63B78, initial value and final
-// XOR 0xFFFFFFFF (RFC 3720 appendix B.4).
-std::uint32_t ReferenceCrc32c(const Bytes& data) {
-  std::uint32_t crc = 0xFFFFFFFFu;
-  for (std::uint8_t octet : data) {
-    crc ^= octet;
-    for (int bit = 0; bit < 8; ++bit) crc = (crc >> 1) ^ ((crc & 1u) ? 0x82F63B78u : 0u);
-  }
-  return crc ^ 0xFFFFFFFFu;
-}
+using reference::Bytes;
 
 TEST(FramingReference, CrcModelMatchesRfc3720Vectors) {
-  EXPECT_EQ(ReferenceCrc32c(Bytes(32, 0x00)), 0x8A9136AAu);
-  EXPECT_EQ(ReferenceCrc32c(Bytes(32, 0xFF)), 0x62A8AB43u);
+  EXPECT_EQ(reference::Crc32c(Bytes(32, 0x00)), 0x8A9136AAu);
+  EXPECT_EQ(reference::Crc32c(Bytes(32, 0xFF)), 0x62A8AB43u);
   Bytes inc(32);
   std::iota(inc.begin(), inc.end(), std::uint8_t{0});
-  EXPECT_EQ(ReferenceCrc32c(inc), 0x46DD794Eu);
-}
-
-// ULPDU_Length | ULPDU | zero pad | CRC (least significant octet first), or a
-// zero CRC field when CRC is off.
-Bytes ReferenceUnmarkedFpdu(const Bytes& ulpdu, bool crc_enabled) {
-  Bytes fpdu = {static_cast<std::uint8_t>(ulpdu.size() >> 8),
-                static_cast<std::uint8_t>(ulpdu.size())};
-  fpdu.insert(fpdu.end(), ulpdu.begin(), ulpdu.end());
-  while (fpdu.size() % 4 != 0) fpdu.push_back(0);
-  const std::uint32_t crc = crc_enabled ? ReferenceCrc32c(fpdu) : 0;
-  for (int i = 0; i < 4; ++i) fpdu.push_back(static_cast<std::uint8_t>(crc >> (8 * i)));
-  return fpdu;
-}
-
-// Inserts markers octet by octet: before every octet whose stream position is
-// a multiple of 512. FPDUPTR is 0 for a marker ahead of the ULPDU_Length
-// field, otherwise its distance back to that field's first octet.
-Bytes ReferenceInsertMarkers(const Bytes& unmarked, std::uint32_t grid_offset) {
-  Bytes wire;
-  std::size_t pos = grid_offset;
-  std::size_t field_at = 0;
-  for (std::size_t i = 0; i < unmarked.size(); ++i) {
-    if (pos % 512 == 0) {
-      const std::size_t ptr = wire.empty() ? 0 : wire.size() - field_at;
-      wire.insert(wire.end(), {0x00, 0x00, static_cast<std::uint8_t>(ptr >> 8),
-                               static_cast<std::uint8_t>(ptr & 0xFC)});
-      pos += 4;
-    }
-    if (i == 0) field_at = wire.size();
-    wire.push_back(unmarked[i]);
-    ++pos;
-  }
-  return wire;
+  EXPECT_EQ(reference::Crc32c(inc), 0x46DD794Eu);
 }
 
 Bytes Flatten(std::span<const IoSlice> slices) {
@@ -158,7 +116,7 @@ TEST(FpduFramer, CrcOffSendsAZeroCrcField) {
   ASSERT_EQ(wire.size(), 28u);
   EXPECT_EQ(Bytes(wire.end() - 4, wire.end()), (Bytes{0, 0, 0, 0}));
   EXPECT_EQ(frame.crc(), 0u);
-  EXPECT_EQ(wire, ReferenceUnmarkedFpdu(Concat(kSendHeader, kSendPayload), false));
+  EXPECT_EQ(wire, reference::UnmarkedFpdu(Concat(kSendHeader, kSendPayload), false));
 }
 
 // --- Lengths and pad --------------------------------------------------------
@@ -188,7 +146,7 @@ TEST(FpduFramer, EveryPadLengthWithCrc) {
     const ByteSpan payload[] = {data};
     ASSERT_EQ(framer.Frame(header, payload, frame), FrameStatus::kOk);
     const Bytes wire = Flatten(frame.slices());
-    EXPECT_EQ(wire, ReferenceUnmarkedFpdu(Concat(header, data), true)) << payload_len;
+    EXPECT_EQ(wire, reference::UnmarkedFpdu(Concat(header, data), true)) << payload_len;
     EXPECT_EQ(wire.size() % 4, 0u);
     const std::size_t pad = (4 - (2 + 18 + payload_len) % 4) % 4;
     EXPECT_EQ(wire.size(), 2 + 18 + payload_len + pad + 4);
@@ -199,7 +157,7 @@ TEST(FpduFramer, UlpduLengthZero) {
   FpduFramer framer({.crc_enabled = true});
   FpduFrame frame;
   ASSERT_EQ(framer.Frame({}, {}, frame), FrameStatus::kOk);
-  const Bytes zero_fpdu = ReferenceUnmarkedFpdu({}, true);
+  const Bytes zero_fpdu = reference::UnmarkedFpdu({}, true);
   ASSERT_EQ(zero_fpdu.size(), 8u);  // length 00 00, pad 00 00, CRC
   EXPECT_EQ(Flatten(frame.slices()), zero_fpdu);
   EXPECT_EQ(frame.ulpdu_length(), 0u);
@@ -225,7 +183,7 @@ TEST(FpduFramer, ScatterListReferencesCallerMemoryWithoutCopying) {
   EXPECT_EQ(slices[3].base, b.data());
   EXPECT_EQ(slices[3].len, 7u);
   EXPECT_EQ(slices[4].len, 1u + 4u);  // 2 + 121 = 123 -> pad 1, then CRC
-  EXPECT_EQ(Flatten(slices), ReferenceUnmarkedFpdu(Concat(Concat(header, a), b), true));
+  EXPECT_EQ(Flatten(slices), reference::UnmarkedFpdu(Concat(Concat(header, a), b), true));
 }
 
 TEST(FpduFramer, MarkerSplitsAPayloadPieceInTwo) {
@@ -279,7 +237,7 @@ TEST(FpduFramer, MarkerInsideAnFpduPointsBackToUlpduLength) {
   // Without the marker the octets are the plain FPDU.
   Bytes unmarked = wire;
   unmarked.erase(unmarked.begin() + 16, unmarked.begin() + 20);
-  EXPECT_EQ(unmarked, ReferenceUnmarkedFpdu(ulpdu, true));
+  EXPECT_EQ(unmarked, reference::UnmarkedFpdu(ulpdu, true));
 }
 
 TEST(FpduFramer, MarkerOnTheBoundaryBelongsToTheNextFpduWithPointerZero) {
@@ -320,7 +278,7 @@ TEST(FpduFramer, SecondMarkerInAnFpduCountsTheFirstMarkersOctets) {
 TEST(FpduFramer, MarkersAtEveryGridOffsetMatchTheReferenceModel) {
   for (std::size_t ulpdu_len : {0u, 1u, 22u, 499u, 500u, 1000u, 1442u, 3000u}) {
     const Bytes ulpdu = Pattern(ulpdu_len, static_cast<std::uint32_t>(ulpdu_len));
-    const Bytes unmarked = ReferenceUnmarkedFpdu(ulpdu, true);
+    const Bytes unmarked = reference::UnmarkedFpdu(ulpdu, true);
     for (std::uint32_t offset = 0; offset < 512; ++offset) {
       FpduFramer framer({.crc_enabled = true, .markers_enabled = true,
                          .marker_grid_offset = offset});
@@ -328,7 +286,7 @@ TEST(FpduFramer, MarkersAtEveryGridOffsetMatchTheReferenceModel) {
       const std::size_t split = std::min<std::size_t>(ulpdu_len, 18);
       const ByteSpan payload[] = {ByteSpan(ulpdu).subspan(split)};
       ASSERT_EQ(framer.Frame(ByteSpan(ulpdu).first(split), payload, frame), FrameStatus::kOk);
-      const Bytes expected = ReferenceInsertMarkers(unmarked, offset);
+      const Bytes expected = reference::InsertMarkers(unmarked, offset);
       ASSERT_EQ(Flatten(frame.slices()), expected) << "len " << ulpdu_len << " offset " << offset;
       ASSERT_EQ(frame.wire_length(), expected.size());
       ASSERT_EQ(frame.marker_count(), (expected.size() - unmarked.size()) / 4);
@@ -352,7 +310,7 @@ TEST(FpduFramer, ConsecutiveFpdusFollowOneGrid) {
     const Bytes wire = Flatten(frame.slices());
     stream.insert(stream.end(), wire.begin(), wire.end());
     const Bytes ref =
-        ReferenceInsertMarkers(ReferenceUnmarkedFpdu(ulpdu, true), static_cast<std::uint32_t>(pos % 512));
+        reference::InsertMarkers(reference::UnmarkedFpdu(ulpdu, true), static_cast<std::uint32_t>(pos % 512));
     expected.insert(expected.end(), ref.begin(), ref.end());
     pos += ref.size();
   }
@@ -376,7 +334,7 @@ TEST(FpduFramer, DirectionsAreIndependent) {
     FpduFrame fb;
     ASSERT_EQ(a_to_b.Frame(ulpdu, {}, fa), FrameStatus::kOk);
     ASSERT_EQ(b_to_a.Frame(ulpdu, {}, fb), FrameStatus::kOk);
-    EXPECT_EQ(Flatten(fb.slices()), ReferenceUnmarkedFpdu(ulpdu, true));
+    EXPECT_EQ(Flatten(fb.slices()), reference::UnmarkedFpdu(ulpdu, true));
     EXPECT_GT(fa.marker_count(), 0u);
   }
   EXPECT_EQ(b_to_a.marker_grid_offset(), (5 * 608) % 512);  // counts, never inserts
@@ -392,7 +350,7 @@ TEST(FpduFramer, LargestUlpduWithoutMarkers) {
   ASSERT_EQ(framer.Frame(ByteSpan(ulpdu).first(18), payload, frame), FrameStatus::kOk);
   EXPECT_EQ(frame.ulpdu_length(), 0xFFFFu);
   EXPECT_EQ(frame.wire_length(), 65544u);
-  EXPECT_EQ(Flatten(frame.slices()), ReferenceUnmarkedFpdu(ulpdu, true));
+  EXPECT_EQ(Flatten(frame.slices()), reference::UnmarkedFpdu(ulpdu, true));
 }
 
 TEST(FpduFramer, RefusesUlpduOverSixtyFourKiB) {
@@ -442,7 +400,7 @@ TEST(FpduFramer, MarkerPointerMustFitSixteenBits) {
   ASSERT_EQ(UnmarkedFpduLength(fits.size()), 65532u);
   ASSERT_EQ(framer.Frame(fits, {}, frame), FrameStatus::kOk);
   const Bytes wire = Flatten(frame.slices());
-  EXPECT_EQ(wire, ReferenceInsertMarkers(ReferenceUnmarkedFpdu(fits, true), 4));
+  EXPECT_EQ(wire, reference::InsertMarkers(reference::UnmarkedFpdu(fits, true), 4));
   EXPECT_EQ(frame.marker_count(), 128u);
   EXPECT_EQ(Bytes(wire.begin() + 65532, wire.begin() + 65536), (Bytes{0, 0, 0xFF, 0xFC}));
   FpduFramer other({.markers_enabled = true, .marker_grid_offset = 4});
@@ -527,7 +485,7 @@ TEST(Mulpdu, AnFpduOfMulpduFitsTheEmssAtEveryGridOffset) {
     const Bytes unmarked(UnmarkedFpduLength(Mulpdu(emss, true)), 1);
     std::size_t longest = 0;
     for (std::uint32_t offset = 0; offset < 512; offset += 4) {
-      longest = std::max(longest, ReferenceInsertMarkers(unmarked, offset).size());
+      longest = std::max(longest, reference::InsertMarkers(unmarked, offset).size());
     }
     EXPECT_EQ(longest, emss - emss % 4) << emss;
   }

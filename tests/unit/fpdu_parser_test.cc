@@ -16,55 +16,14 @@
 
 #include "common/wire/fpdu.h"
 
+#include "test_tools/fpdu_reference.h"
+
 namespace siwx::mpa {
 namespace {
 
-using Bytes = std::vector<std::uint8_t>;
+using reference::Bytes;
 
 // --- Reference model ----------------------------------------------------
-
-// CRC32c bit by bit (RFC 3720 B.4 parameters; the model is checked against
-// the B.4 vectors in fpdu_framing_test).
-std::uint32_t ReferenceCrc32c(const Bytes& data) {
-  std::uint32_t crc = 0xFFFFFFFFu;
-  for (std::uint8_t octet : data) {
-    crc ^= octet;
-    for (int bit = 0; bit < 8; ++bit) crc = (crc >> 1) ^ ((crc & 1u) ? 0x82F63B78u : 0u);
-  }
-  return crc ^ 0xFFFFFFFFu;
-}
-
-// ULPDU_Length | ULPDU | pad | CRC (LSB first; zero field when CRC is off).
-Bytes ReferenceUnmarkedFpdu(const Bytes& ulpdu, bool crc_enabled, std::uint8_t pad_octet = 0) {
-  Bytes fpdu = {static_cast<std::uint8_t>(ulpdu.size() >> 8),
-                static_cast<std::uint8_t>(ulpdu.size())};
-  fpdu.insert(fpdu.end(), ulpdu.begin(), ulpdu.end());
-  while (fpdu.size() % 4 != 0) fpdu.push_back(pad_octet);
-  const std::uint32_t crc = crc_enabled ? ReferenceCrc32c(fpdu) : 0;
-  for (int i = 0; i < 4; ++i) fpdu.push_back(static_cast<std::uint8_t>(crc >> (8 * i)));
-  return fpdu;
-}
-
-// Markers before every octet at a stream position that is a multiple of 512;
-// FPDUPTR 0 ahead of ULPDU_Length, else the distance back to it (only its low
-// 16 bits fit the field).
-Bytes ReferenceInsertMarkers(const Bytes& unmarked, std::uint32_t grid_offset) {
-  Bytes wire;
-  std::size_t pos = grid_offset;
-  std::size_t field_at = 0;
-  for (std::size_t i = 0; i < unmarked.size(); ++i) {
-    if (pos % 512 == 0) {
-      const std::size_t ptr = wire.empty() ? 0 : wire.size() - field_at;
-      wire.insert(wire.end(), {0x00, 0x00, static_cast<std::uint8_t>(ptr >> 8),
-                               static_cast<std::uint8_t>(ptr & 0xFC)});
-      pos += 4;
-    }
-    if (i == 0) field_at = wire.size();
-    wire.push_back(unmarked[i]);
-    ++pos;
-  }
-  return wire;
-}
 
 struct StreamShape {
   bool crc = false;
@@ -75,9 +34,9 @@ struct StreamShape {
 Bytes ReferenceStream(const std::vector<Bytes>& ulpdus, const StreamShape& shape) {
   Bytes stream;
   for (const Bytes& ulpdu : ulpdus) {
-    Bytes fpdu = ReferenceUnmarkedFpdu(ulpdu, shape.crc);
+    Bytes fpdu = reference::UnmarkedFpdu(ulpdu, shape.crc);
     if (shape.markers) {
-      fpdu = ReferenceInsertMarkers(fpdu, static_cast<std::uint32_t>((shape.grid + stream.size()) % 512));
+      fpdu = reference::InsertMarkers(fpdu, static_cast<std::uint32_t>((shape.grid + stream.size()) % 512));
     }
     stream.insert(stream.end(), fpdu.begin(), fpdu.end());
   }
@@ -357,7 +316,7 @@ TEST(FpduParser, EveryPadLength) {
 }
 
 TEST(FpduParser, UlpduLengthZero) {
-  const Bytes stream = ReferenceUnmarkedFpdu({}, true);
+  const Bytes stream = reference::UnmarkedFpdu({}, true);
   ASSERT_EQ(stream.size(), 8u);  // 00 00 | pad 00 00 | CRC
   EXPECT_EQ(FeedAll(stream, Config({.crc = true}), Chunking::kByteAtATime),
             (std::vector<Event>{HeaderEvent({}, 0, true), CompleteEvent(0, true)}));
@@ -484,7 +443,7 @@ TEST(FpduParser, EveryPrefixWaitsThenResumesCleanly) {
 // --- Errors -------------------------------------------------------------------
 
 TEST(FpduParser, FlippingAnyOctetOfAnFpduIsACrcMismatch) {
-  const Bytes fpdu = ReferenceUnmarkedFpdu(kSendUlpdu, true);
+  const Bytes fpdu = reference::UnmarkedFpdu(kSendUlpdu, true);
   ASSERT_EQ(fpdu.size(), 28u);
   for (std::size_t pos = 0; pos < fpdu.size(); ++pos) {
     for (std::uint8_t bit : {0x01, 0x80}) {
@@ -507,9 +466,9 @@ TEST(FpduParser, FlippingAnyOctetOfAnFpduIsACrcMismatch) {
 }
 
 TEST(FpduParser, WithoutCrcTheCrcFieldIsNotChecked) {
-  Bytes stream = ReferenceUnmarkedFpdu(kSendUlpdu, true);  // a real CRC
+  Bytes stream = reference::UnmarkedFpdu(kSendUlpdu, true);  // a real CRC
   stream[24] ^= 0xFF;  // ... now wrong; and a zero-CRC FPDU follows
-  const Bytes plain = ReferenceUnmarkedFpdu(kSendUlpdu, false);
+  const Bytes plain = reference::UnmarkedFpdu(kSendUlpdu, false);
   stream.insert(stream.end(), plain.begin(), plain.end());
   const std::vector<Event> events = FeedAll(stream, Config({.crc = false}), Chunking::kByteAtATime);
   EXPECT_EQ(events, ExpectedEvents({kSendUlpdu, kSendUlpdu}, false));
@@ -518,13 +477,13 @@ TEST(FpduParser, WithoutCrcTheCrcFieldIsNotChecked) {
 TEST(FpduParser, PadIsIgnoredExceptByTheCrc) {
   const Bytes ulpdu = MakeUlpdu(19, 1, 15);  // 2 + 19 = 21: three pad octets
   // CRC off: any pad goes.
-  EXPECT_EQ(FeedAll(ReferenceUnmarkedFpdu(ulpdu, false, 0xEE), Config({.crc = false}), Chunking::kWhole),
+  EXPECT_EQ(FeedAll(reference::UnmarkedFpdu(ulpdu, false, 0xEE), Config({.crc = false}), Chunking::kWhole),
             ExpectedEvents({ulpdu}, false));
   // CRC on, computed over the non-zero pad: good.
-  EXPECT_EQ(FeedAll(ReferenceUnmarkedFpdu(ulpdu, true, 0xEE), Config({.crc = true}), Chunking::kWhole),
+  EXPECT_EQ(FeedAll(reference::UnmarkedFpdu(ulpdu, true, 0xEE), Config({.crc = true}), Chunking::kWhole),
             ExpectedEvents({ulpdu}, true));
   // CRC over a zero pad, but the pad sent is not zero: the CRC catches it.
-  Bytes stream = ReferenceUnmarkedFpdu(ulpdu, true, 0x00);
+  Bytes stream = reference::UnmarkedFpdu(ulpdu, true, 0x00);
   stream[2 + 19] = 0x01;
   const std::vector<Event> events = FeedAll(stream, Config({.crc = true}), Chunking::kWhole);
   EXPECT_EQ(events.back(), ErrorEvent(MpaError::kCrcMismatch));
