@@ -1621,7 +1621,9 @@ TEST(EngineDestroy, DestroyAnEngineWhileTrafficIsInFlight) {
       ASSERT_TRUE(attr.local_error.has_value());
       EXPECT_EQ(*attr.local_error, TerminateCause::MpaConnectionLost());
       EXPECT_FALSE(attr.terminate_sent.has_value());
-      EXPECT_GE(ExpectAccounted(l.send_done, l.sends_posted, l.node->qp->qp_num(), "sends"), 1u);
+      // Every posted send is accounted for; how many of them succeeded before
+      // a's engine went depends on scheduling (none, on a loaded machine).
+      ExpectAccounted(l.send_done, l.sends_posted, l.node->qp->qp_num(), "sends");
       ExpectAccounted(l.recv_done, l.recvs_posted, l.node->qp->qp_num(), "receives");
       // Nothing reached a's CQs after its engine was gone.
       EXPECT_EQ(pairs.a[p]->send_cq->size(), a_send[p]);
