@@ -1719,13 +1719,16 @@ int Core::CreateQpEx(rdma_cm_id* pub, ibv_qp_init_attr_ex* attr) {
     if (recv_channel != nullptr) ibv_destroy_comp_channel(recv_channel);
   };
   errno = 0;
-  if (attr->recv_cq == nullptr) {
-    recv_channel = ibv_create_comp_channel(verbs);
-    if (recv_channel != nullptr) {
-      recv_cq = ibv_create_cq(verbs, static_cast<int>(std::max<std::uint32_t>(attr->cap.max_recv_wr, 1)),
-                              pub, recv_channel, 0);
+  // A CQ with its own completion channel, for a queue the caller gave none.
+  auto make_cq = [&](ibv_comp_channel*& channel, ibv_cq*& cq, std::uint32_t depth) {
+    channel = ibv_create_comp_channel(verbs);
+    if (channel != nullptr) {
+      cq = ibv_create_cq(verbs, static_cast<int>(std::max<std::uint32_t>(depth, 1)), pub, channel, 0);
     }
-    if (recv_cq == nullptr) {
+    return cq != nullptr;
+  };
+  if (attr->recv_cq == nullptr) {
+    if (!make_cq(recv_channel, recv_cq, attr->cap.max_recv_wr)) {
       const int err = errno != 0 ? errno : ENOMEM;
       cleanup();
       return err;
@@ -1733,12 +1736,7 @@ int Core::CreateQpEx(rdma_cm_id* pub, ibv_qp_init_attr_ex* attr) {
     attr->recv_cq = recv_cq;
   }
   if (attr->send_cq == nullptr) {
-    send_channel = ibv_create_comp_channel(verbs);
-    if (send_channel != nullptr) {
-      send_cq = ibv_create_cq(verbs, static_cast<int>(std::max<std::uint32_t>(attr->cap.max_send_wr, 1)),
-                              pub, send_channel, 0);
-    }
-    if (send_cq == nullptr) {
+    if (!make_cq(send_channel, send_cq, attr->cap.max_send_wr)) {
       const int err = errno != 0 ? errno : ENOMEM;
       cleanup();
       return err;

@@ -550,13 +550,7 @@ bool QpTx::Write(std::size_t& budget) {
     if (AcquireRefs(slot, failure)) continue;
     if (slot.sent > 0) {
       // Half an FPDU is on the wire and the rest may no longer be read.
-      Qp::ErrorReport report;
-      report.cause = rdmap::TerminateCause::RdmapLocalCatastrophic();
-      report.event = AsyncEventType::kQpFatal;
-      report.abort = true;
-      ReleaseRefs();
-      if (!qp_.RaiseError(report)) qp_.RequestFinalize(Qp::kFinalizeAbort);
-      mode_ = Mode::kDone;
+      AbortStream(rdmap::TerminateCause::RdmapLocalCatastrophic());
       return false;
     }
     // Drop this FPDU and everything framed after it, then end the stream.
@@ -609,13 +603,7 @@ bool QpTx::Write(std::size_t& budget) {
       break;
     case transport::IoStatus::kClosed:
     case transport::IoStatus::kError: {
-      Qp::ErrorReport report;
-      report.cause = rdmap::TerminateCause::MpaConnectionLost();
-      report.event = AsyncEventType::kQpFatal;
-      report.abort = true;
-      ReleaseRefs();
-      if (!qp_.RaiseError(report)) qp_.RequestFinalize(Qp::kFinalizeAbort);
-      mode_ = Mode::kDone;
+      AbortStream(rdmap::TerminateCause::MpaConnectionLost());
       return false;
     }
   }
@@ -623,15 +611,19 @@ bool QpTx::Write(std::size_t& budget) {
   if (!qp_.SetWriteInterest(true)) {
     // The poller dropped the socket (the peer closed): nobody would tell us
     // when it drains, so give up on it.
-    Qp::ErrorReport report;
-    report.cause = rdmap::TerminateCause::MpaConnectionLost();
-    report.event = AsyncEventType::kQpFatal;
-    report.abort = true;
-    ReleaseRefs();
-    if (!qp_.RaiseError(report)) qp_.RequestFinalize(Qp::kFinalizeAbort);
-    mode_ = Mode::kDone;
+    AbortStream(rdmap::TerminateCause::MpaConnectionLost());
   }
   return false;
+}
+
+void QpTx::AbortStream(const rdmap::TerminateCause& cause) {
+  Qp::ErrorReport report;
+  report.cause = cause;
+  report.event = AsyncEventType::kQpFatal;
+  report.abort = true;
+  ReleaseRefs();
+  if (!qp_.RaiseError(report)) qp_.RequestFinalize(Qp::kFinalizeAbort);
+  mode_ = Mode::kDone;
 }
 
 void QpTx::Advance(std::size_t octets) {

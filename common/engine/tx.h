@@ -165,6 +165,9 @@ class QpTx {
                      AccessStatus& failure);
   bool AcquireRefs(Slot& slot, AccessStatus& failure);
   void ReleaseRefs();
+  // Ends the stream with an RST after a transmit failure: QP fatal, no
+  // Terminate (the stream can no longer carry one), transmit stops.
+  void AbortStream(const rdmap::TerminateCause& cause);
   bool Write(std::size_t& budget);
   void Advance(std::size_t octets);
   void FailSq(std::uint64_t seq, WcStatus status);
