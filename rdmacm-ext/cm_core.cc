@@ -1233,7 +1233,13 @@ int Core::BindAddr(rdma_cm_id* pub, const sockaddr* addr) {
   const std::optional<net::SockAddr> a = net::SockAddr::From(addr);
   if (!a) return addr == nullptr ? EINVAL : EAFNOSUPPORT;
   // The device lookup may enumerate devices: do it before taking mu_.
-  const DeviceLookup d = DeviceRegistry::Get().ForAddress(*a);
+  // A loopback address binds no device, like the wildcard: the kernel CM
+  // treats both as "any address" here and picks a device only when a
+  // connection resolves or arrives. libfabric's verbs provider relies on
+  // this (it binds "localhost" and, finding no device, offers the addresses
+  // of its non-loopback interfaces instead).
+  const DeviceLookup d =
+      a->IsLoopback() ? DeviceLookup{} : DeviceRegistry::Get().ForAddress(*a);
   std::lock_guard lock(mu_);
   CmId* id = FindId(pub);
   if (id == nullptr || id->state != IdState::kIdle) return EINVAL;

@@ -90,6 +90,17 @@ bool SockAddr::IsWildcard() const {
   return true;
 }
 
+bool SockAddr::IsLoopback() const {
+  const SockAddr plain = Unmapped();
+  if (plain.family() == AF_INET) {
+    return IsIpv4Loopback(*reinterpret_cast<const sockaddr_in*>(&plain.storage));
+  }
+  if (plain.family() == AF_INET6) {
+    return IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(&plain.storage)->sin6_addr);
+  }
+  return false;
+}
+
 SockAddr SockAddr::Unmapped() const {
   if (family() != AF_INET6) return *this;
   const auto* a6 = reinterpret_cast<const sockaddr_in6*>(&storage);

@@ -38,6 +38,8 @@ struct SockAddr {
   std::uint16_t port() const;  // host order
   void set_port(std::uint16_t port);
   bool IsWildcard() const;
+  // 127/8, ::1, or 127/8 mapped into IPv6.
+  bool IsLoopback() const;
   // An IPv4-mapped IPv6 address as plain IPv4; others unchanged.
   SockAddr Unmapped() const;
   std::string ToString() const;  // "1.2.3.4:5" / "[::1]:5"

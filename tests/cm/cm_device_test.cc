@@ -35,7 +35,11 @@ class CmDevice : public LeakCheck {
   bool provider_missing_ = false;
 };
 
-TEST_F(CmDevice, LoopbackAddressesBelongToSiwxLo) {
+TEST_F(CmDevice, LoopbackBindNamesNoDeviceAsInTheKernelCm) {
+  // The kernel CM treats a loopback address like the wildcard when binding
+  // (cma_any_addr): no device until a connection resolves or arrives.
+  // libfabric's verbs provider depends on it (it binds "localhost" and then
+  // offers its non-loopback interfaces' addresses).
   rdma_event_channel* ch = rdma_create_event_channel();
   ASSERT_NE(ch, nullptr);
   rdma_cm_id* a = nullptr;
@@ -44,17 +48,16 @@ TEST_F(CmDevice, LoopbackAddressesBelongToSiwxLo) {
   ASSERT_EQ(rdma_create_id(ch, &b, nullptr, RDMA_PS_TCP), 0);
   sockaddr_in addr = Loopback4();
   ASSERT_EQ(rdma_bind_addr(a, reinterpret_cast<sockaddr*>(&addr)), 0);
-  ASSERT_NE(a->verbs, nullptr);
-  EXPECT_STREQ(ibv_get_device_name(a->verbs->device), "siwx_lo");
-  EXPECT_TRUE(Listed(a->verbs));
-  EXPECT_EQ(a->port_num, 1);
-  ASSERT_NE(a->pd, nullptr);
-  EXPECT_EQ(a->pd->context, a->verbs);
-  // 127.0.0.2 is loopback too; same shared context and PD.
+  EXPECT_EQ(a->verbs, nullptr);
+  EXPECT_EQ(a->pd, nullptr);
+  EXPECT_EQ(a->port_num, 0);
+  // The socket is bound to the address all the same.
+  EXPECT_EQ(reinterpret_cast<sockaddr_in*>(&a->route.addr.src_addr)->sin_addr.s_addr,
+            htonl(INADDR_LOOPBACK));
+  // 127.0.0.2 is loopback too.
   addr.sin_addr.s_addr = htonl(0x7F000002);
   ASSERT_EQ(rdma_bind_addr(b, reinterpret_cast<sockaddr*>(&addr)), 0);
-  EXPECT_EQ(b->verbs, a->verbs);
-  EXPECT_EQ(b->pd, a->pd);
+  EXPECT_EQ(b->verbs, nullptr);
   EXPECT_EQ(rdma_destroy_id(a), 0);
   EXPECT_EQ(rdma_destroy_id(b), 0);
   rdma_destroy_event_channel(ch);
@@ -79,16 +82,20 @@ TEST_F(CmDevice, AnAddressNoDeviceServesIsEnodev) {
 TEST_F(CmDevice, ResolvedAndRequestIdsCarryTheContext) {
   Listener l;
   l.Start();  // bound to 127.0.0.1
+  EXPECT_EQ(l.id->verbs, nullptr);  // loopback bind: no device yet
   Client c;
   c.Resolve(l.port);
   ASSERT_NE(c.id->verbs, nullptr);
-  EXPECT_EQ(c.id->verbs, l.id->verbs);
+  EXPECT_STREQ(ibv_get_device_name(c.id->verbs->device), "siwx_lo");
   EXPECT_TRUE(Listed(c.id->verbs));
+  ASSERT_NE(c.id->pd, nullptr);
+  EXPECT_EQ(c.id->pd->context, c.id->verbs);
   ASSERT_EQ(c.Connect(), 0);
   const EventCopy req = Expect(l.channel, RDMA_CM_EVENT_CONNECT_REQUEST);
   ASSERT_NE(req.id, nullptr);
-  EXPECT_EQ(req.id->verbs, l.id->verbs);
-  EXPECT_EQ(req.id->pd, l.id->pd);
+  // The shared context and PD of the device the connection arrived on.
+  EXPECT_EQ(req.id->verbs, c.id->verbs);
+  EXPECT_EQ(req.id->pd, c.id->pd);
   EXPECT_EQ(rdma_reject(req.id, nullptr, 0), 0);
   Expect(c.channel, RDMA_CM_EVENT_REJECTED);
   EXPECT_EQ(rdma_destroy_id(req.id), 0);
@@ -123,39 +130,43 @@ TEST_F(CmDevice, WildcardListenerFindsTheDeviceOfTheReachedAddress) {
 TEST_F(CmDevice, CreateQpMakesCqsAndMovesToInit) {
   Listener l;
   l.Start();
+  Client c;  // a resolved id has the device (a loopback listener has none)
+  c.Resolve(l.port);
   ibv_qp_init_attr attr{};
   attr.qp_type = IBV_QPT_RC;
   attr.cap.max_send_wr = 8;
   attr.cap.max_recv_wr = 8;
   attr.cap.max_send_sge = 1;
   attr.cap.max_recv_sge = 1;
-  if (!CreateQp(l.id, &attr)) {
-    EXPECT_EQ(l.id->qp, nullptr);
+  if (!CreateQp(c.id, &attr)) {
+    EXPECT_EQ(c.id->qp, nullptr);
+    c.Stop();
     l.Stop();
     ExpectNoLeaks();  // a failed rdma_create_qp leaves no CQ or channel behind
     if (provider_missing_) GTEST_SKIP() << "the provider does not create CQs/QPs yet";
     return;
   }
-  ASSERT_NE(l.id->qp, nullptr);
-  EXPECT_EQ(l.id->qp->pd, l.id->pd);
-  EXPECT_NE(l.id->send_cq, nullptr);
-  EXPECT_NE(l.id->recv_cq, nullptr);
-  EXPECT_NE(l.id->send_cq_channel, nullptr);
-  EXPECT_NE(l.id->recv_cq_channel, nullptr);
-  EXPECT_EQ(attr.send_cq, l.id->send_cq);  // copied back, as stock does
-  EXPECT_EQ(attr.recv_cq, l.id->recv_cq);
+  ASSERT_NE(c.id->qp, nullptr);
+  EXPECT_EQ(c.id->qp->pd, c.id->pd);
+  EXPECT_NE(c.id->send_cq, nullptr);
+  EXPECT_NE(c.id->recv_cq, nullptr);
+  EXPECT_NE(c.id->send_cq_channel, nullptr);
+  EXPECT_NE(c.id->recv_cq_channel, nullptr);
+  EXPECT_EQ(attr.send_cq, c.id->send_cq);  // copied back, as stock does
+  EXPECT_EQ(attr.recv_cq, c.id->recv_cq);
   ibv_qp_attr qp_attr{};
   ibv_qp_init_attr init{};
-  if (ibv_query_qp(l.id->qp, &qp_attr, IBV_QP_STATE, &init) == 0) {
+  if (ibv_query_qp(c.id->qp, &qp_attr, IBV_QP_STATE, &init) == 0) {
     EXPECT_EQ(qp_attr.qp_state, IBV_QPS_INIT);
   }
   errno = 0;
-  EXPECT_EQ(rdma_create_qp(l.id, nullptr, &attr), -1);  // one QP per id
+  EXPECT_EQ(rdma_create_qp(c.id, nullptr, &attr), -1);  // one QP per id
   EXPECT_EQ(errno, EINVAL);
-  rdma_destroy_qp(l.id);
-  EXPECT_EQ(l.id->qp, nullptr);
-  EXPECT_EQ(l.id->send_cq, nullptr);
-  EXPECT_EQ(l.id->recv_cq_channel, nullptr);
+  rdma_destroy_qp(c.id);
+  EXPECT_EQ(c.id->qp, nullptr);
+  EXPECT_EQ(c.id->send_cq, nullptr);
+  EXPECT_EQ(c.id->recv_cq_channel, nullptr);
+  c.Stop();
   l.Stop();
   ExpectNoLeaks();
 }
