@@ -6,7 +6,8 @@
 // Devices come from ibv_get_device_list(), which the siwx shim supplies; a
 // siwx device is named siwx_<ifname> and serves the addresses of that
 // interface. An address maps to its interface by exact match (getifaddrs),
-// 127/8 to the loopback interface.
+// 127/8 to the loopback interface. (Core::BindAddr does not look loopback
+// addresses up: a loopback bind names no device, as in the kernel CM.)
 //
 // CM-only mode: when the process has no siwx device at all (no shim loaded,
 // as in the CM tests), addresses map to no context and ids get verbs = NULL;
