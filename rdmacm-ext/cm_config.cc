@@ -84,6 +84,18 @@ void ParsePeerToPeer(const char* value, CmConfig& config) {
   config.mpa.rtr_types = types;
 }
 
+void ParseOnOff(const char* name, const char* value, bool& out, CmConfig& config) {
+  const std::string_view v(value);
+  if (v == "1") {
+    out = true;
+  } else if (v == "0") {
+    out = false;
+  } else {
+    config.problems.push_back(Problem(name, value, "1 or 0") + " (using " + (out ? "1" : "0") +
+                              ")");
+  }
+}
+
 void ParseMs(const char* name, const char* value, std::chrono::milliseconds& out,
              CmConfig& config) {
   const std::string_view v(value);
@@ -111,6 +123,9 @@ CmConfig ParseCmConfig(const std::function<const char*(const char*)>& lookup) {
     ParsePolicy("SIWX_MPA_MARKERS", v, config.mpa.markers, config);
   }
   if (const char* v = get("SIWX_MPA_P2P")) ParsePeerToPeer(v, config);
+  if (const char* v = get("SIWX_MPA_LARGE_FPDUS")) {
+    ParseOnOff("SIWX_MPA_LARGE_FPDUS", v, config.mpa.large_fpdus, config);
+  }
   if (const char* v = get("SIWX_CM_CONNECT_TIMEOUT_MS")) {
     ParseMs("SIWX_CM_CONNECT_TIMEOUT_MS", v, config.mpa.connect_timeout, config);
   }
@@ -153,6 +168,7 @@ mpa::NegotiatorConfig MakeNegotiatorConfig(const MpaOptions& options, mpa::MpaRo
   c.peer_to_peer = role == mpa::MpaRole::kInitiator && options.peer_to_peer &&
                    options.dialect == mpa::MpaDialect::kV2;
   c.rtr_types = options.rtr_types;
+  c.large_fpdus = options.large_fpdus;
   c.startup_timeout = std::chrono::duration_cast<mpa::MpaTime>(options.mpa_timeout);
   // The first FPDU arrives after the handover; the engine enforces that
   // wait (siwx_stream_params.first_fpdu_timeout_ms), not the negotiator.

@@ -942,13 +942,15 @@ void Core::LogEstablished(const CmId* id) {
   net::SockAddr peer;
   const auto parsed = net::SockAddr::From(&id->pub.route.addr.dst_addr);
   if (parsed) peer = *parsed;
-  SIWX_LOG(kInfo, "CEP[%llu] %s with %s: %s, Rev %u, CRC %s, markers tx %s rx %s, IRD %u ORD %u%s, %s",
+  SIWX_LOG(kInfo,
+           "CEP[%llu] %s with %s: %s, Rev %u, CRC %s, markers tx %s rx %s, large FPDUs %s, "
+           "IRD %u ORD %u%s, %s",
            static_cast<unsigned long long>(id->handle),
            id->role == mpa::MpaRole::kInitiator ? "connected as Initiator" : "accepted as Responder",
            peer.ToString().c_str(), std::string(mpa::MpaDialectName(p.dialect)).c_str(),
            static_cast<unsigned>(p.revision), std::string(OnOff(p.crc)).c_str(),
            std::string(OnOff(p.markers_tx)).c_str(), std::string(OnOff(p.markers_rx)).c_str(),
-           static_cast<unsigned>(p.ird), static_cast<unsigned>(p.ord),
+           std::string(OnOff(p.large_fpdus)).c_str(), static_cast<unsigned>(p.ird), static_cast<unsigned>(p.ord),
            p.ird_ord_exchanged ? " (exchanged)" : "", rtr.c_str());
 }
 
@@ -1843,6 +1845,7 @@ int Core::GetMpaOptions(rdma_cm_id* pub, siwx_cm_mpa_options* out) {
   out->rtr_mask = RtrMask(o.rtr_types);
   out->connect_timeout_ms = static_cast<std::uint32_t>(o.connect_timeout.count());
   out->mpa_timeout_ms = static_cast<std::uint32_t>(o.mpa_timeout.count());
+  out->large_fpdus = o.large_fpdus ? 1 : 0;
   return 0;
 }
 
@@ -1869,6 +1872,8 @@ int Core::SetMpaOptions(rdma_cm_id* pub, const siwx_cm_mpa_options& in) {
   if (!in_range(in.connect_timeout_ms) || !in_range(in.mpa_timeout_ms)) return EINVAL;
   o.connect_timeout = std::chrono::milliseconds(in.connect_timeout_ms);
   o.mpa_timeout = std::chrono::milliseconds(in.mpa_timeout_ms);
+  if (in.large_fpdus > 1) return EINVAL;
+  o.large_fpdus = in.large_fpdus == 1;
   std::lock_guard lock(mu_);
   CmId* id = FindId(pub);
   if (id == nullptr) return EINVAL;
@@ -1896,6 +1901,7 @@ int Core::ConnectionInfo(rdma_cm_id* pub, siwx_cm_conn_info* out) {
     info.ord = p.ord;
     info.ird_ord_exchanged = p.ird_ord_exchanged ? 1 : 0;
     info.peer_to_peer = p.peer_to_peer ? 1 : 0;
+    info.large_fpdus = p.large_fpdus ? 1 : 0;
     const siwx_stream_params sp =
         MakeStreamParams(p, id->role, static_cast<std::uint32_t>(id->options.mpa_timeout.count()));
     info.rtr_role = sp.rtr_role;

@@ -37,10 +37,14 @@ struct siwx_cm_mpa_options {
 	uint32_t rtr_mask;        /* SIWX_RTR_MASK_*: offered (active) / accepted (passive) */
 	uint32_t connect_timeout_ms;
 	uint32_t mpa_timeout_ms;
+	/* 1: offer (active) / accept (passive) FPDUs above MULPDU with Linux
+	 * siw's L bit (0x0800 of the startup frame); 0: never. */
+	uint32_t large_fpdus;
 };
 
 /* EINVAL: unknown id, bad size, a value out of range (an empty rtr_mask,
- * peer_to_peer without v2, a timeout outside 1..600000). Applies to
+ * peer_to_peer without v2, a timeout outside 1..600000, large_fpdus other
+ * than 0 or 1). Applies to
  * connections the id starts afterwards. */
 int siwx_cm_get_mpa_options(struct rdma_cm_id *id, struct siwx_cm_mpa_options *options);
 int siwx_cm_set_mpa_options(struct rdma_cm_id *id, const struct siwx_cm_mpa_options *options);
@@ -101,6 +105,8 @@ struct siwx_cm_conn_info {
 	int32_t status;           /* status of the last connection event, 0 or -errno */
 	uint32_t failure_code;    /* enum siwx_cm_failure */
 	char failure[160];        /* why, in words (for logs; the wording may change) */
+	/* Both startup frames carried L: FPDUs above MULPDU both ways. */
+	uint32_t large_fpdus;
 };
 
 /* ENOTCONN: the id never started a connection. */

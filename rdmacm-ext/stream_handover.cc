@@ -67,6 +67,8 @@ siwx_stream_params MakeStreamParams(const mpa::NegotiatedParams& params, mpa::Mp
   p.crc = params.crc ? 1 : 0;
   p.tx_markers = params.markers_tx ? 1 : 0;
   p.rx_markers = params.markers_rx ? 1 : 0;
+  // Both startup frames carried L: the QP sends FPDUs above MULPDU.
+  p.large_fpdus = params.large_fpdus ? 1 : 0;
   p.ird = params.ird;
   p.ord = params.ord;
   p.rtr_role = SIWX_RTR_ROLE_NONE;

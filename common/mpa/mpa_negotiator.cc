@@ -204,6 +204,7 @@ NegotiatorStatus MpaNegotiator::Start(MpaTime now, ByteSpan private_data) {
   // In Rev 1 the S bit says "I will send an Rtr frame"; in Rev 2 it says
   // "the IRD/ORD word follows" (RFC 6581 6). We only send Rev 2 with S.
   spec.x_bit = config_.dialect != MpaDialect::kV1;
+  spec.large_fpdus = config_.large_fpdus;
   spec.ird_ord = word;
   spec.ulp_private_data = private_data;
   Send(spec);
@@ -211,6 +212,7 @@ NegotiatorStatus MpaNegotiator::Start(MpaTime now, ByteSpan private_data) {
   sent_revision_ = spec.revision;
   sent_crc_ = spec.crc;
   sent_s_bit_ = config_.dialect == MpaDialect::kV1Rtr;
+  sent_large_fpdus_ = spec.large_fpdus;
   params_.local_private_data = Copy(private_data);
   state_ = NegotiatorState::kAwaitingReply;
   deadline_ = now + config_.startup_timeout;
@@ -298,6 +300,7 @@ void MpaNegotiator::HandleRequest(const StartupFrameView& frame) {
   offer_.revision = h.revision;
   offer_.markers = h.markers;
   offer_.crc = h.crc;
+  offer_.large_fpdus = h.large_fpdus;
   offer_.reserved_bits = h.reserved;
   offer_.ird_ord = frame.ird_ord;
   offer_.private_data = Copy(frame.ulp_private_data);
@@ -399,6 +402,8 @@ NegotiatorStatus MpaNegotiator::Accept(MpaTime now, ByteSpan private_data, std::
   spec.crc = offer_.crc || config_.crc == CrcPolicy::kRequire;
   spec.revision = answer_revision_;
   spec.x_bit = answer == MpaDialect::kV2 || answer == MpaDialect::kV1Rtr;
+  // L answers L: set only when the Request had it and we take the offer.
+  spec.large_fpdus = offer_.large_fpdus && config_.large_fpdus;
   spec.ulp_private_data = private_data;
 
   std::uint16_t local_ird = ird;
@@ -441,6 +446,7 @@ NegotiatorStatus MpaNegotiator::Accept(MpaTime now, ByteSpan private_data, std::
   params_.crc = spec.crc;
   params_.markers_tx = offer_.markers;
   params_.markers_rx = config_.markers_wanted;
+  params_.large_fpdus = spec.large_fpdus;
   params_.local_private_data = Copy(private_data);
 
   if (answer == MpaDialect::kV1Rtr) {
@@ -535,6 +541,8 @@ void MpaNegotiator::HandleReply(const StartupFrameView& frame) {
   params_.crc = crc;
   params_.markers_tx = h.markers;
   params_.markers_rx = config_.markers_wanted;
+  // Our Request offered L and the accepting Reply answers it.
+  params_.large_fpdus = sent_large_fpdus_ && h.large_fpdus;
   params_.ird = config_.ird;
   params_.ord = config_.ord;
   params_.first_send = FirstSendRule::kMayNow;

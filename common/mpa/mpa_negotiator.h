@@ -68,6 +68,19 @@
 // limit, a call in the wrong state) return a NegotiatorStatus and change
 // nothing.
 //
+// Large FPDUs (Linux siw's experiment, the L bit of common/wire/mpa_startup.h;
+// not an RFC feature). With NegotiatorConfig::large_fpdus the Initiator sets
+// L in its Request, in every dialect, and the Responder sets L in an
+// accepting Reply when the Request had it. Each end has agreed when the
+// peer's frame carried L and its own did too: the Initiator when its
+// Request and the Reply had it, the Responder when the Request had it and
+// its Reply sets it. Then each may send FPDUs larger than MULPDU (RFC 5044
+// 4.5); params().large_fpdus says so. A peer that does not know L never
+// sets it (Res is zero when sending, RFC 5044 7.1.1), so with it nothing
+// changes; a Linux siw Responder echoes the Request's L (its Reply is the
+// Request header with a new key) and takes large FPDUs. Rejecting Replies
+// and the Rtr frame never carry L.
+//
 // What it does not do: build or parse FPDUs (the RTR and the Terminate are
 // the engine's; the negotiator says which), check that the first FPDU is one
 // of the advertised RTR types, decide whether private data is acceptable
@@ -151,6 +164,9 @@ struct NegotiatorConfig {
   // supporting enhanced establishment MUST support one), else Start()
   // returns kInvalidConfig.
   RtrTypeSet rtr_types;
+  // Offer (Initiator) or accept (Responder) FPDUs larger than MULPDU: the
+  // L bit, see "Large FPDUs" above.
+  bool large_fpdus = false;
   // Every wait for a startup frame (Reply, Request, Rtr): RFC 5044 7.1.2
   // rules 8 and 10. Must be positive.
   MpaTime startup_timeout = std::chrono::seconds(10);
@@ -222,7 +238,9 @@ struct StartupOffer {
   MpaDialect dialect = MpaDialect::kV1;         // what the Request asks for
   bool markers = false;                         // M: we must send markers
   bool crc = false;                             // C
-  std::uint8_t reserved_bits = 0;               // Res as received (not checked, RFC 5044 7.1.1)
+  bool large_fpdus = false;                     // L: the Initiator offers large FPDUs
+  std::uint8_t reserved_bits = 0;               // Res (L aside) as received (not checked,
+                                                // RFC 5044 7.1.1)
   std::optional<IrdOrdWord> ird_ord;            // v2 only, as received
   MpaDialect answer_dialect = MpaDialect::kV1;  // what Accept() will answer in
   bool peer_to_peer = false;                    // v2 with A = 1: the Reply echoes A (9.2)
@@ -239,6 +257,9 @@ struct NegotiatedParams {
   bool crc = false;                       // CRCs generated and checked both ways
   bool markers_tx = false;                // we insert markers into FPDUs we send
   bool markers_rx = false;                // the peer inserts markers into FPDUs we receive
+  // Both frames carried L: either end may send FPDUs above MULPDU (see
+  // "Large FPDUs" above).
+  bool large_fpdus = false;
   bool ird_ord_exchanged = false;         // false: ird/ord are the local values, unexchanged
   std::uint16_t ird = 0;                  // RDMA Read Requests we accept at once
   std::uint16_t ord = 0;                  // RDMA Read Requests we may have outstanding
@@ -345,6 +366,7 @@ class MpaNegotiator {
   std::uint8_t sent_revision_ = kMpaRevision1;
   bool sent_crc_ = false;
   bool sent_s_bit_ = false;
+  bool sent_large_fpdus_ = false;
   RtrTypeSet offered_rtr_;
 
   StartupOffer offer_;

@@ -69,7 +69,7 @@ std::string_view StartupEncodeStatusName(StartupEncodeStatus s) {
     case StartupEncodeStatus::kOk: return "ok";
     case StartupEncodeStatus::kBadRevision: return "revision not valid for this frame";
     case StartupEncodeStatus::kRejectInRequest: return "R must be zero in a Request";
-    case StartupEncodeStatus::kBadRtrFlags: return "R and S must be zero in an Rtr frame";
+    case StartupEncodeStatus::kBadRtrFlags: return "R, S and L must be zero in an Rtr frame";
     case StartupEncodeStatus::kIrdOrdMismatch:
       return "IRD/ORD word goes with Rev 2 + S, and only there";
     case StartupEncodeStatus::kIrdOrdOutOfRange: return "IRD or ORD above 0x3FFF";
@@ -88,7 +88,8 @@ void EncodeStartupHeader(const StartupHeader& h, std::span<std::uint8_t, kStartu
   if (h.crc) flags |= kStartupFlagC;
   if (h.reject) flags |= kStartupFlagR;
   if (h.x_bit) flags |= kStartupFlagX;
-  flags |= static_cast<std::uint16_t>((h.reserved & 0x0Fu) << 8);
+  if (h.large_fpdus) flags |= kStartupFlagLargeFpdus;
+  flags |= static_cast<std::uint16_t>((h.reserved << 8) & kStartupResMask);
   StoreBe16(out.data() + kStartupFlagsOffset, flags);
   StoreBe16(out.data() + kStartupPdLengthOffset, h.pd_length);
 }
@@ -145,6 +146,7 @@ StartupDecodeResult DecodeStartupFrame(ByteSpan input) {
   h.crc = (flags & kStartupFlagC) != 0;
   h.reject = (flags & kStartupFlagR) != 0;
   h.x_bit = (flags & kStartupFlagX) != 0;
+  h.large_fpdus = (flags & kStartupFlagLargeFpdus) != 0;
   h.reserved = static_cast<std::uint8_t>((flags & kStartupResMask) >> 8);
   h.revision = static_cast<std::uint8_t>(flags & kStartupRevMask);
   h.pd_length = LoadBe16(input.data() + kStartupPdLengthOffset);
@@ -175,7 +177,9 @@ StartupEncodeStatus EncodeStartupFrame(const StartupFrameSpec& spec,
   if (spec.kind == StartupFrameKind::kRequest && spec.reject) {
     return StartupEncodeStatus::kRejectInRequest;
   }
-  if (spec.kind == StartupFrameKind::kRtr && (spec.reject || spec.x_bit)) {
+  // The Rtr frame answers nothing: siw's experiment lives in Request and
+  // Reply only.
+  if (spec.kind == StartupFrameKind::kRtr && (spec.reject || spec.x_bit || spec.large_fpdus)) {
     return StartupEncodeStatus::kBadRtrFlags;
   }
   const bool enhanced = spec.revision == kMpaRevision2 && spec.x_bit;
@@ -196,6 +200,7 @@ StartupEncodeStatus EncodeStartupFrame(const StartupFrameSpec& spec,
   h.crc = spec.crc;
   h.reject = spec.reject;
   h.x_bit = spec.x_bit;
+  h.large_fpdus = spec.large_fpdus;
   h.reserved = 0;  // RFC 5044 7.1.1, RFC 6581 6: Res MUST be zero when sending
   h.revision = spec.revision;
   h.pd_length = static_cast<std::uint16_t>(pd_length);

@@ -7,7 +7,7 @@
 //  |          Key (16 octets: "MPA ID Req Frame" / "MPA ID Rep Frame"
 //  |                           / "MPA ID RtR Frame")                 |
 //  +-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+
-//  |M|C|R|S|  Res  |      Rev      |          PD_Length            |
+//  |M|C|R|S|L| Res |      Rev      |          PD_Length            |
 //  +-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+-+
 //  ~                 Private Data (PD_Length octets)                 ~
 //
@@ -21,6 +21,19 @@
 //    connection establishment data (the IRD/ORD word, RFC 6581 section 9);
 //    ULP private data follows it and PD_Length counts both. S = 0 is an
 //    unenhanced frame whatever the revision.
+//
+// L (0x0800 of the word, the top bit left of RFC 6581's Res) is not an RFC
+// bit: it is the Linux siw driver's experiment "MPA_RR_FLAG_GSO_EXP"
+// (drivers/infiniband/sw/siw/iwarp.h defines it as 0x0800 of the flags/Rev
+// word). siw sets it in its Request when its try_gso option is on; its Reply
+// is the received Request header with the key rewritten (siw_proc_mpareq,
+// siw_send_mpareqrep in siw_cm.c), so it echoes the bit; and each siw end
+// then lifts its per-FPDU segment limit when the peer's frame carried it
+// (siw_proc_mpareply for the Initiator, siw_accept for the Responder). siwx
+// reads it the same way: "this end sends and accepts FPDUs larger than the
+// EMSS allows (RFC 5044 4.5 MULPDU)". To a peer that does not know it, it is
+// a Res bit: set to zero when sending and not checked on reception (RFC 5044
+// 7.1.1), so it costs nothing there.
 //
 //   0                   1                   2                   3
 //   0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1 2 3 4 5 6 7 8 9 0 1
@@ -38,8 +51,8 @@
 // PD_Length <= 512, and PD_Length >= 4 for a Rev 2 frame with S (RFC 6581 6:
 // Private Data MUST begin with the word). What it deliberately does not
 // check, because RFC 5044 7.1.1 says "not checked on reception": the Res
-// bits and the R bit of a Request; both are reported so a caller can log
-// them. The word's B, C and D are reported as received even when A is 0;
+// bits (L included) and the R bit of a Request; all are reported so a
+// caller can log them. The word's B, C and D are reported as received even when A is 0;
 // RFC 6581 9.2 says to ignore them then, and the negotiator does. Which
 // frame kind is acceptable in which state, and whether the flags make sense
 // for the connection, is the negotiator's business
@@ -72,7 +85,10 @@ inline constexpr std::uint16_t kStartupFlagR = 0x2000;  // RFC 5044 7.1.1 reject
 // S: the Rtr proposal's indicator in Rev 1, RFC 6581's enhanced-data
 // indicator in Rev 2 (RFC 6581 6); it was the top bit of RFC 5044's Res.
 inline constexpr std::uint16_t kStartupFlagX = 0x1000;
-inline constexpr std::uint16_t kStartupResMask = 0x0F00;  // RFC 6581 6: Res, one bit smaller
+// L: Linux siw's MPA_RR_FLAG_GSO_EXP, the top bit of RFC 6581's Res.
+inline constexpr std::uint16_t kStartupFlagLargeFpdus = 0x0800;
+// The Res bits left besides L (RFC 6581 6 Res minus siw's experiment).
+inline constexpr std::uint16_t kStartupResMask = 0x0700;
 inline constexpr std::uint16_t kStartupRevMask = 0x00FF;  // RFC 5044 7.1.1 Rev
 
 inline constexpr std::size_t kStartupFlagsOffset = kKeySize;         // RFC 5044 7.1.1
@@ -112,7 +128,8 @@ struct StartupHeader {
   bool crc = false;           // C
   bool reject = false;        // R (meaningful in a Reply only)
   bool x_bit = false;         // S: Rtr indicator in Rev 1, enhanced data in Rev 2
-  std::uint8_t reserved = 0;  // the four Res bits, 0..15
+  bool large_fpdus = false;   // L: the sender sends and takes FPDUs above MULPDU
+  std::uint8_t reserved = 0;  // the three other Res bits, 0..7
   std::uint8_t revision = kMpaRevision1;
   std::uint16_t pd_length = 0;
 };
@@ -125,7 +142,8 @@ inline bool HasRtrIndicator(const StartupHeader& h) {
 inline bool IsEnhanced(const StartupHeader& h) { return h.revision == kMpaRevision2 && h.x_bit; }
 
 // Writes the key of h.kind and the flags/Rev/PD_Length word exactly as given
-// (Res included, so tests can build frames a conforming sender never would).
+// (L and Res included, so tests can build frames a conforming sender never
+// would).
 void EncodeStartupHeader(const StartupHeader& h, std::span<std::uint8_t, kStartupHeaderSize> out);
 
 // The RFC 6581 section 9 IRD/ORD word, in host order.
@@ -177,13 +195,15 @@ struct StartupDecodeResult {
 // Decodes the frame at the front of `input`; octets after it are ignored.
 StartupDecodeResult DecodeStartupFrame(ByteSpan input);
 
-// What a sender puts in a frame. Res is always sent as zero (RFC 5044 7.1.1).
+// What a sender puts in a frame. Res is always sent as zero (RFC 5044 7.1.1);
+// L only when large_fpdus asks for it.
 struct StartupFrameSpec {
   StartupFrameKind kind = StartupFrameKind::kRequest;
   bool markers = false;
   bool crc = false;
   bool reject = false;
   bool x_bit = false;
+  bool large_fpdus = false;  // L; Request and Reply only
   std::uint8_t revision = kMpaRevision1;
   std::optional<IrdOrdWord> ird_ord;  // required iff revision 2 with x_bit (RFC 6581 6)
   ByteSpan ulp_private_data;
@@ -193,7 +213,7 @@ enum class StartupEncodeStatus : std::uint8_t {
   kOk,
   kBadRevision,         // not 1 or 2; or an Rtr frame that is not Rev 1
   kRejectInRequest,     // R is "set to zero" in a Request (RFC 5044 7.1.1)
-  kBadRtrFlags,         // an Rtr frame with R or S set (proposal: S is 0 in Rtr)
+  kBadRtrFlags,         // an Rtr frame with R, S or L set (proposal: S is 0 in Rtr)
   kIrdOrdMismatch,      // IRD/ORD word given without Rev 2 + S, or missing with it (RFC 6581 6)
   kIrdOrdOutOfRange,    // IRD or ORD above 0x3FFF (RFC 6581 9: 14 bits)
   kPrivateDataTooLong,  // the word plus ULP private data exceed 512 octets (RFC 6581 6 PD_Length)

@@ -74,7 +74,10 @@ struct siwx_stream_params {
 	/* Responder without RTR: receive and validate one FPDU before sending
 	 * any (RFC 5044 7.1.2 rule 4). */
 	uint8_t wait_first_fpdu;
-	uint8_t large_fpdus;            /* both ends agreed to FPDUs above MULPDU; 0 today */
+	/* Both startup frames carried Linux siw's L bit (0x0800, its
+	 * MPA_RR_FLAG_GSO_EXP): send FPDUs above MULPDU, up to the 16-bit
+	 * ULPDU_Length. 0: MULPDU from the TCP EMSS (RFC 5044 4.5). */
+	uint8_t large_fpdus;
 	uint8_t reserved[2];
 	uint32_t tx_marker_grid_offset; /* 0 */
 	uint32_t rx_marker_grid_offset; /* 0 */

@@ -497,7 +497,9 @@ TEST_F(CmApi, MpaOptionsRoundTripAndValidation) {
   EXPECT_EQ(o.rtr_mask, SIWX_RTR_MASK_SEND | SIWX_RTR_MASK_WRITE | SIWX_RTR_MASK_READ);
   EXPECT_EQ(o.connect_timeout_ms, 10000u);
   EXPECT_EQ(o.mpa_timeout_ms, 10000u);
+  EXPECT_EQ(o.large_fpdus, 1u);  // SIWX_MPA_LARGE_FPDUS unset
   siwx_cm_mpa_options set = o;
+  set.large_fpdus = 0;
   set.dialect = SIWX_MPA_DIALECT_V1_RTR;
   set.crc = SIWX_CM_POLICY_REQUIRE;
   set.rtr_mask = SIWX_RTR_MASK_READ;
@@ -510,6 +512,7 @@ TEST_F(CmApi, MpaOptionsRoundTripAndValidation) {
   EXPECT_EQ(back.crc, static_cast<std::uint32_t>(SIWX_CM_POLICY_REQUIRE));
   EXPECT_EQ(back.rtr_mask, SIWX_RTR_MASK_READ);
   EXPECT_EQ(back.mpa_timeout_ms, 1234u);
+  EXPECT_EQ(back.large_fpdus, 0u);
   auto refused = [&](const std::function<void(siwx_cm_mpa_options&)>& change) {
     siwx_cm_mpa_options bad = o;
     change(bad);
@@ -530,6 +533,7 @@ TEST_F(CmApi, MpaOptionsRoundTripAndValidation) {
   refused([](siwx_cm_mpa_options& b) { b.mpa_timeout_ms = 0; });
   refused([](siwx_cm_mpa_options& b) { b.connect_timeout_ms = 600001; });
   refused([](siwx_cm_mpa_options& b) { b.size = 4; });
+  refused([](siwx_cm_mpa_options& b) { b.large_fpdus = 2; });
   siwx_cm_conn_info info{};
   info.size = sizeof(info);
   errno = 0;

@@ -27,8 +27,20 @@ TEST(CmConfig, DefaultsInteroperateWithLinuxSiw) {
   EXPECT_EQ(c.mpa.markers, Policy::kAllow);         // never ask for markers
   EXPECT_FALSE(c.mpa.peer_to_peer);                 // siw: peer_to_peer = false
   EXPECT_EQ(c.mpa.rtr_types, (mpa::RtrTypeSet{true, true, true}));
+  // L (siw's GSO_EXP bit): a siw without try_gso ignores it as a Res bit.
+  EXPECT_TRUE(c.mpa.large_fpdus);
   EXPECT_EQ(c.mpa.connect_timeout.count(), 10000);
   EXPECT_EQ(c.mpa.mpa_timeout.count(), 10000);
+}
+
+TEST(CmConfig, LargeFpdus) {
+  EXPECT_FALSE(Parse({{"SIWX_MPA_LARGE_FPDUS", "0"}}).mpa.large_fpdus);
+  EXPECT_TRUE(Parse({{"SIWX_MPA_LARGE_FPDUS", "1"}}).mpa.large_fpdus);
+  EXPECT_TRUE(Parse({{"SIWX_MPA_LARGE_FPDUS", ""}}).mpa.large_fpdus);
+  const CmConfig bad = Parse({{"SIWX_MPA_LARGE_FPDUS", "yes"}});
+  EXPECT_TRUE(bad.mpa.large_fpdus);
+  ASSERT_EQ(bad.problems.size(), 1u);
+  EXPECT_EQ(bad.problems[0], "SIWX_MPA_LARGE_FPDUS='yes' is not 1 or 0 (using 1)");
 }
 
 TEST(CmConfig, Dialects) {
@@ -120,8 +132,13 @@ TEST(CmConfig, NegotiatorConfigForEachRole) {
   EXPECT_EQ(i.rtr_types, (mpa::RtrTypeSet{false, true, false}));
   EXPECT_EQ(i.startup_timeout.count(), 1500000);
   EXPECT_EQ(i.first_fpdu_timeout.count(), 0);  // the engine's wait after the handover
+  EXPECT_TRUE(i.large_fpdus);
   const mpa::NegotiatorConfig r = MakeNegotiatorConfig(o, mpa::MpaRole::kResponder, 0, 0);
   EXPECT_FALSE(r.peer_to_peer);  // the Initiator asks; the Responder answers
+  EXPECT_TRUE(r.large_fpdus);    // ... but both offer or accept L
+  o.large_fpdus = false;
+  EXPECT_FALSE(MakeNegotiatorConfig(o, mpa::MpaRole::kResponder, 0, 0).large_fpdus);
+  EXPECT_FALSE(MakeNegotiatorConfig(o, mpa::MpaRole::kInitiator, 1, 1).large_fpdus);
   o.markers = Policy::kRequire;
   const mpa::NegotiatorConfig m = MakeNegotiatorConfig(o, mpa::MpaRole::kInitiator, 1, 1);
   EXPECT_TRUE(m.markers_wanted);
@@ -156,6 +173,10 @@ TEST(StreamParams, InitiatorWithWriteRtr) {
   EXPECT_EQ(s.first_fpdu_timeout_ms, 0u);
   EXPECT_EQ(s.tx_marker_grid_offset, 0u);
   EXPECT_EQ(s.max_ulpdu, 0u);
+  EXPECT_EQ(s.large_fpdus, 0);  // not agreed: MULPDU from the EMSS
+  p.large_fpdus = true;
+  EXPECT_EQ(MakeStreamParams(p, mpa::MpaRole::kInitiator, 900).large_fpdus, 1);
+  EXPECT_EQ(MakeStreamParams(p, mpa::MpaRole::kResponder, 900).large_fpdus, 1);
 }
 
 TEST(StreamParams, ResponderAwaitsRtrAndFirstFpdu) {

@@ -4,6 +4,11 @@
 // these under siwx-run (test cm_with_devices); without devices they skip.
 #include <dlfcn.h>
 
+#include <atomic>
+#include <memory>
+
+#include "common/engine/stream_params.h"
+#include "common/wire/fpdu.h"
 #include "tests/cm/cm_test_util.h"
 
 namespace siwx::cm::test {
@@ -34,6 +39,88 @@ class CmDevice : public LeakCheck {
   std::vector<ibv_context*> devices_;
   bool provider_missing_ = false;
 };
+
+// A TCP relay in front of a listener that makes both connections advertise
+// an Ethernet-sized MSS (TCP_MAXSEG before listen and before connect), so
+// that the EMSS of the two CM sockets is what a 1500-byte MTU gives although
+// the traffic stays on loopback, and that keeps every octet the Initiator
+// sends. Read its results after Stop().
+class MssRelay {
+ public:
+  MssRelay(std::uint16_t target_port, int mss) : target_port_(target_port), mss_(mss) {
+    listener_ = Fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    setsockopt(listener_.get(), IPPROTO_TCP, TCP_MAXSEG, &mss_, sizeof(mss_));
+    sockaddr_in a = Loopback4(0);
+    EXPECT_EQ(bind(listener_.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    EXPECT_EQ(listen(listener_.get(), 1), 0);
+    socklen_t len = sizeof(a);
+    getsockname(listener_.get(), reinterpret_cast<sockaddr*>(&a), &len);
+    port = ntohs(a.sin_port);
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~MssRelay() { Stop(); }
+  void Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+    listener_.Reset();
+  }
+
+  std::uint16_t port = 0;
+  Bytes from_initiator;  // everything the Initiator sent
+  int initiator_side_emss = 0;  // TCP_MAXSEG of the relay's accepted socket
+
+ private:
+  void Run() {
+    pollfd lp{listener_.get(), POLLIN, 0};
+    while (!stop_ && poll(&lp, 1, 20) == 0) {
+    }
+    if (stop_) return;
+    Fd in(accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (!in.valid()) return;
+    socklen_t len = sizeof(initiator_side_emss);
+    getsockopt(in.get(), IPPROTO_TCP, TCP_MAXSEG, &initiator_side_emss, &len);
+    Fd out(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    setsockopt(out.get(), IPPROTO_TCP, TCP_MAXSEG, &mss_, sizeof(mss_));
+    sockaddr_in t = Loopback4(target_port_);
+    if (connect(out.get(), reinterpret_cast<sockaddr*>(&t), sizeof(t)) != 0) return;
+    pollfd p[2] = {{in.get(), POLLIN, 0}, {out.get(), POLLIN, 0}};
+    std::vector<std::uint8_t> buf(1 << 16);
+    while (!stop_) {
+      if (poll(p, 2, 20) <= 0) continue;
+      for (int i = 0; i < 2; ++i) {
+        if ((p[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+        const ssize_t n = read(p[i].fd, buf.data(), buf.size());
+        if (n <= 0) return;  // either side gone: both close with the Fds
+        if (i == 0) from_initiator.insert(from_initiator.end(), buf.begin(), buf.begin() + n);
+        for (ssize_t done = 0; done < n;) {
+          const ssize_t w = write(p[1 - i].fd, buf.data() + done, static_cast<std::size_t>(n - done));
+          if (w <= 0) return;
+          done += w;
+        }
+      }
+    }
+  }
+
+  std::uint16_t target_port_;
+  int mss_;
+  Fd listener_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// The ULPDU_Length of every FPDU after the startup frames in `wire` (no
+// markers; the CRC field is always there, RFC 5044 4.1).
+std::vector<std::size_t> UlpduLengths(const Bytes& wire) {
+  std::vector<std::size_t> out;
+  if (wire.size() < 20) return out;
+  std::size_t at = 20 + ((std::size_t{wire[18]} << 8) | wire[19]);  // the Request, PD_Length
+  while (at + 2 <= wire.size()) {
+    const std::size_t len = (std::size_t{wire[at]} << 8) | wire[at + 1];
+    out.push_back(len);
+    at += mpa::UnmarkedFpduLength(len);
+  }
+  return out;
+}
 
 TEST_F(CmDevice, LoopbackBindNamesNoDeviceAsInTheKernelCm) {
   // The kernel CM treats a loopback address like the wildcard when binding
@@ -251,6 +338,117 @@ TEST_F(CmDevice, EstablishedStreamsGoToTheQp) {
   EXPECT_EQ(rdma_destroy_id(req.id), 0);
   c.Stop();
   l.Stop();
+  ExpectNoLeaks();
+}
+
+// SIWX_MPA_LARGE_FPDUS end to end: what the two startup frames agreed
+// decides the FPDUs the QP sends. Through a relay advertising MSS 1400,
+// a 64 KiB Send goes out in FPDUs of MULPDU(EMSS) octets unless both ends
+// offered L, and then in FPDUs of the 16-bit maximum.
+TEST_F(CmDevice, LargeFpdusOnlyWhereBothEndsAgreed) {
+  if (dlsym(RTLD_DEFAULT, "siwx_qp_bind_stream") == nullptr) {
+    GTEST_SKIP() << "the provider does not take streams (CM-only mode)";
+  }
+  struct Case {
+    std::uint32_t initiator, responder;
+    bool agreed;
+  };
+  for (const Case& k : {Case{1, 1, true}, Case{0, 1, false}, Case{1, 0, false}}) {
+    SCOPED_TRACE("initiator " + std::to_string(k.initiator) + ", responder " +
+                 std::to_string(k.responder));
+    Listener l;
+    l.Start(8, [&](rdma_cm_id* id) {
+      SetOptions(id, [&](siwx_cm_mpa_options& o) { o.large_fpdus = k.responder; });
+    });
+    MssRelay relay(l.port, 1400);
+    Client c;
+    c.Resolve(relay.port, [&](rdma_cm_id* id) {
+      SetOptions(id, [&](siwx_cm_mpa_options& o) { o.large_fpdus = k.initiator; });
+    });
+    ibv_qp_init_attr attr{};
+    attr.qp_type = IBV_QPT_RC;
+    attr.cap.max_send_wr = attr.cap.max_recv_wr = 4;
+    attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
+    if (!CreateQp(c.id, &attr)) {
+      if (provider_missing_) GTEST_SKIP() << "the provider does not create CQs/QPs yet";
+      return;
+    }
+    ASSERT_EQ(c.Connect(), 0);
+    const EventCopy req = Expect(l.channel, RDMA_CM_EVENT_CONNECT_REQUEST);
+    ASSERT_NE(req.id, nullptr);
+    // A fresh attr: rdma_create_qp wrote the client's CQs into `attr`.
+    ibv_qp_init_attr sattr{};
+    sattr.qp_type = IBV_QPT_RC;
+    sattr.cap.max_send_wr = sattr.cap.max_recv_wr = 4;
+    sattr.cap.max_send_sge = sattr.cap.max_recv_sge = 1;
+    ASSERT_TRUE(CreateQp(req.id, &sattr));
+    ASSERT_EQ(rdma_accept(req.id, nullptr), 0);
+    Expect(l.channel, RDMA_CM_EVENT_ESTABLISHED);
+    Expect(c.channel, RDMA_CM_EVENT_ESTABLISHED);
+    EXPECT_EQ(Info(c.id).large_fpdus, k.agreed ? 1u : 0u);
+    EXPECT_EQ(Info(req.id).large_fpdus, k.agreed ? 1u : 0u);
+
+    constexpr std::size_t kMessage = 65536;
+    std::vector<char> out(kMessage, 'x');
+    std::vector<char> in(kMessage);
+    const int access = IBV_ACCESS_LOCAL_WRITE;
+    ibv_mr* out_mr = ibv_reg_mr(c.id->pd, out.data(), out.size(), access);
+    ibv_mr* in_mr = ibv_reg_mr(req.id->pd, in.data(), in.size(), access);
+    ASSERT_NE(out_mr, nullptr);
+    ASSERT_NE(in_mr, nullptr);
+    ibv_sge rsge{reinterpret_cast<std::uintptr_t>(in.data()), kMessage, in_mr->lkey};
+    ibv_recv_wr rwr{};
+    rwr.sg_list = &rsge;
+    rwr.num_sge = 1;
+    ibv_recv_wr* bad_r = nullptr;
+    ASSERT_EQ(ibv_post_recv(req.id->qp, &rwr, &bad_r), 0);
+    ibv_sge ssge{reinterpret_cast<std::uintptr_t>(out.data()), kMessage, out_mr->lkey};
+    ibv_send_wr swr{};
+    swr.sg_list = &ssge;
+    swr.num_sge = 1;
+    swr.opcode = IBV_WR_SEND;
+    swr.send_flags = IBV_SEND_SIGNALED;
+    ibv_send_wr* bad_s = nullptr;
+    ASSERT_EQ(ibv_post_send(c.id->qp, &swr, &bad_s), 0);
+    ibv_wc wc{};
+    ASSERT_TRUE(WaitFor([&] { return ibv_poll_cq(req.id->recv_cq, 1, &wc) == 1; }, 5000ms));
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+    EXPECT_EQ(wc.byte_len, kMessage);
+    ASSERT_TRUE(WaitFor([&] { return ibv_poll_cq(c.id->send_cq, 1, &wc) == 1; }, 5000ms));
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+
+    ASSERT_EQ(rdma_disconnect(c.id), 0);
+    Expect(c.channel, RDMA_CM_EVENT_DISCONNECTED);
+    Expect(l.channel, RDMA_CM_EVENT_DISCONNECTED, 5000ms);
+    relay.Stop();
+    ibv_dereg_mr(out_mr);
+    ibv_dereg_mr(in_mr);
+    rdma_destroy_qp(req.id);
+    rdma_destroy_qp(c.id);
+    EXPECT_EQ(rdma_destroy_id(req.id), 0);
+    c.Stop();
+    l.Stop();
+
+    // A Send's untagged DDP header is 18 octets (RFC 5041 4.3); the first
+    // FPDU is a full one.
+    ASSERT_GT(relay.initiator_side_emss, 0);
+    ASSERT_LE(relay.initiator_side_emss, 1400);
+    engine::StreamParams agreed;
+    agreed.large_fpdus = true;
+    const std::size_t max_ulpdu =
+        k.agreed ? engine::EffectiveMaxUlpdu(agreed, 0)
+                 : mpa::Mulpdu(static_cast<std::size_t>(relay.initiator_side_emss), false);
+    const std::size_t per_fpdu = max_ulpdu - 18;
+    const std::vector<std::size_t> lengths = UlpduLengths(relay.from_initiator);
+    ASSERT_EQ(lengths.size(), (kMessage + per_fpdu - 1) / per_fpdu);
+    EXPECT_EQ(lengths.front(), max_ulpdu);
+    EXPECT_EQ(lengths.back(), 18 + kMessage - per_fpdu * (lengths.size() - 1));
+    // 65535 - (6 + 65535 mod 4): the largest ULPDU that keeps the FPDU a
+    // multiple of 4 (RFC 5044 4.5 with the 16-bit field as the "EMSS").
+    if (k.agreed) {
+      EXPECT_EQ(max_ulpdu, 65526u);
+    }
+  }
   ExpectNoLeaks();
 }
 

@@ -8,6 +8,8 @@
 //   0x0001 Rev 1          0x1001 Rev 1 + S (Rtr indicator)
 //   0x0002 Rev 2, S = 0   0x1002 Rev 2 + S (enhanced: IRD/ORD word first)
 //   0x3002 R + S, Rev 2   0x5002 C + S, Rev 2     0x9002 M + S, Rev 2
+//   0x0800 L: Linux siw's MPA_RR_FLAG_GSO_EXP, large FPDUs; our Requests
+//          carry it by default (SIWX_MPA_LARGE_FPDUS=1)
 // IrdOrd(): |A|B| IRD |C|D| ORD|, A = 0x8000 and B = 0x4000 in the IRD half,
 // C = 0x8000 and D = 0x4000 in the ORD half.
 #include <thread>
@@ -21,6 +23,11 @@ namespace {
 // (kernel-siw-wire-facts.md).
 Bytes SiwRequest() {
   return Frame(RequestKey(), /*M0 C0 R0 S1, Rev 2*/ 0x1002, /*PD_Length*/ 4,
+               IrdOrd(/*IRD*/ 0x0001, /*ORD*/ 0x0001));
+}
+// The same from a siw with try_gso, and what our Initiator sends by default.
+Bytes SiwRequestWithL() {
+  return Frame(RequestKey(), /*M0 C0 R0 S1 L1, Rev 2*/ 0x1802, /*PD_Length*/ 4,
                IrdOrd(/*IRD*/ 0x0001, /*ORD*/ 0x0001));
 }
 
@@ -63,7 +70,7 @@ class ActiveWire : public LeakCheck {
 TEST_F(ActiveWire, RequestIsWhatLinuxSiwSendsAndAV2ReplyEstablishes) {
   Bytes request;
   Fd peer = Start(24, &request);
-  EXPECT_EQ(request, SiwRequest());
+  EXPECT_EQ(request, SiwRequestWithL());
   WriteAll(peer, Frame(ReplyKey(), /*S, Rev 2*/ 0x1002, /*PD_Length*/ 4 + 3,
                        Concat({IrdOrd(0x0001, 0x0001), Ascii("srv")})));
   const EventCopy e = Expect(client_.channel, RDMA_CM_EVENT_ESTABLISHED);
@@ -73,6 +80,8 @@ TEST_F(ActiveWire, RequestIsWhatLinuxSiwSendsAndAV2ReplyEstablishes) {
   const siwx_cm_conn_info ci = Info(client_.id);
   EXPECT_EQ(ci.dialect, static_cast<std::uint32_t>(SIWX_MPA_DIALECT_V2));
   EXPECT_EQ(ci.mpa_revision, 2u);
+  // A peer that knows nothing of L answers without it: MULPDU FPDUs.
+  EXPECT_EQ(ci.large_fpdus, 0u);
   // The peer closing the stream is a disconnect.
   peer.Reset();
   EXPECT_EQ(Expect(client_.channel, RDMA_CM_EVENT_DISCONNECTED).status, 0);
@@ -82,7 +91,7 @@ TEST_F(ActiveWire, V1RequestCarriesThePrivateData) {
   Bytes request;
   Fd peer = Start(23, &request, [](siwx_cm_mpa_options& o) { o.dialect = SIWX_MPA_DIALECT_V1; },
                   Ascii("abc"));
-  EXPECT_EQ(request, Frame(RequestKey(), /*Rev 1*/ 0x0001, /*PD_Length*/ 3, Ascii("abc")));
+  EXPECT_EQ(request, Frame(RequestKey(), /*L, Rev 1*/ 0x0801, /*PD_Length*/ 3, Ascii("abc")));
   WriteAll(peer, Frame(ReplyKey(), 0x0001, 2, Ascii("xy")));
   EXPECT_EQ(Expect(client_.channel, RDMA_CM_EVENT_ESTABLISHED).private_data, Ascii("xy"));
   const siwx_cm_conn_info ci = Info(client_.id);
@@ -92,13 +101,51 @@ TEST_F(ActiveWire, V1RequestCarriesThePrivateData) {
   EXPECT_EQ(ci.peer_ird_ord_valid, 0u);
   EXPECT_EQ(ci.ird, 1u);  // the local values, nothing exchanged
   EXPECT_EQ(ci.ord, 1u);
+  EXPECT_EQ(ci.large_fpdus, 0u);
+}
+
+TEST_F(ActiveWire, ReplyWithLAgreesOnLargeFpdusInEveryDialect) {
+  struct Case {
+    std::uint32_t dialect;
+    std::uint16_t flags;  // of Request and Reply alike
+    Bytes pd;
+  };
+  const Case cases[] = {{SIWX_MPA_DIALECT_V2, 0x1802, IrdOrd(0x0001, 0x0001)},
+                        {SIWX_MPA_DIALECT_V1_RTR, 0x1801, {}},
+                        {SIWX_MPA_DIALECT_V1, 0x0801, {}}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.dialect);
+    Bytes request;
+    Fd peer = Start(20 + c.pd.size(), &request,
+                    [&](siwx_cm_mpa_options& o) { o.dialect = c.dialect; });
+    EXPECT_EQ(request, Frame(RequestKey(), c.flags, static_cast<std::uint16_t>(c.pd.size()), c.pd));
+    // What Linux siw answers: the Request's flags word, key rewritten.
+    WriteAll(peer, Frame(ReplyKey(), c.flags, static_cast<std::uint16_t>(c.pd.size()), c.pd));
+    if (c.dialect == SIWX_MPA_DIALECT_V1_RTR) {
+      EXPECT_EQ(ReadN(peer, 20), Frame(RtrKey(), /*no L*/ 0x0001, 0));
+    }
+    Expect(client_.channel, RDMA_CM_EVENT_ESTABLISHED);
+    EXPECT_EQ(Info(client_.id).large_fpdus, 1u);
+    client_.Stop();
+    raw_listener_.Reset();
+  }
+}
+
+TEST_F(ActiveWire, LargeFpdusOffSendsTheRequestOfASiwWithoutTryGso) {
+  Bytes request;
+  Fd peer = Start(24, &request, [](siwx_cm_mpa_options& o) { o.large_fpdus = 0; });
+  EXPECT_EQ(request, SiwRequest());
+  // An L the Request did not offer makes no agreement.
+  WriteAll(peer, Frame(ReplyKey(), 0x1802, 4, IrdOrd(0x0001, 0x0001)));
+  Expect(client_.channel, RDMA_CM_EVENT_ESTABLISHED);
+  EXPECT_EQ(Info(client_.id).large_fpdus, 0u);
 }
 
 TEST_F(ActiveWire, V1RtrSendsTheRtrFrameAfterAnAcceptingReply) {
   Bytes request;
   Fd peer = Start(20, &request,
                   [](siwx_cm_mpa_options& o) { o.dialect = SIWX_MPA_DIALECT_V1_RTR; });
-  EXPECT_EQ(request, Frame(RequestKey(), /*S, Rev 1*/ 0x1001, 0));
+  EXPECT_EQ(request, Frame(RequestKey(), /*S, L, Rev 1*/ 0x1801, 0));
   WriteAll(peer, Frame(ReplyKey(), 0x1001, 0));
   EXPECT_EQ(ReadN(peer, 20), Frame(RtrKey(), /*Rev 1, C as in the Reply*/ 0x0001, 0));
   Expect(client_.channel, RDMA_CM_EVENT_ESTABLISHED);
@@ -118,7 +165,7 @@ TEST_F(ActiveWire, V1RtrFallsBackToV1OnAReplyWithoutS) {
 TEST_F(ActiveWire, CrcRequiredSetsC) {
   Bytes request;
   Fd peer = Start(24, &request, [](siwx_cm_mpa_options& o) { o.crc = SIWX_CM_POLICY_REQUIRE; });
-  EXPECT_EQ(request, Frame(RequestKey(), /*C, S, Rev 2*/ 0x5002, 4, IrdOrd(0x0001, 0x0001)));
+  EXPECT_EQ(request, Frame(RequestKey(), /*C, S, L, Rev 2*/ 0x5802, 4, IrdOrd(0x0001, 0x0001)));
   WriteAll(peer, Frame(ReplyKey(), 0x5002, 4, IrdOrd(0x0001, 0x0001)));
   Expect(client_.channel, RDMA_CM_EVENT_ESTABLISHED);
   EXPECT_EQ(Info(client_.id).crc, 1u);
@@ -128,14 +175,14 @@ TEST_F(ActiveWire, MarkersRequiredSetsM) {
   Bytes request;
   Fd peer =
       Start(24, &request, [](siwx_cm_mpa_options& o) { o.markers = SIWX_CM_POLICY_REQUIRE; });
-  EXPECT_EQ(request, Frame(RequestKey(), /*M, S, Rev 2*/ 0x9002, 4, IrdOrd(0x0001, 0x0001)));
+  EXPECT_EQ(request, Frame(RequestKey(), /*M, S, L, Rev 2*/ 0x9802, 4, IrdOrd(0x0001, 0x0001)));
 }
 
 TEST_F(ActiveWire, PeerToPeerOffersEveryRtrType) {
   Bytes request;
   Fd peer = Start(24, &request, [](siwx_cm_mpa_options& o) { o.peer_to_peer = 1; });
   // A and B (Send) in the IRD half, C (Write) and D (Read) in the ORD half.
-  EXPECT_EQ(request, Frame(RequestKey(), 0x1002, 4, IrdOrd(0xC001, 0xC001)));
+  EXPECT_EQ(request, Frame(RequestKey(), 0x1802, 4, IrdOrd(0xC001, 0xC001)));
   // The Responder echoes A and keeps only D (Read).
   WriteAll(peer, Frame(ReplyKey(), 0x1002, 4, IrdOrd(0x8001, 0x4001)));
   Expect(client_.channel, RDMA_CM_EVENT_ESTABLISHED);
@@ -272,7 +319,7 @@ TEST_F(ActiveWire, SilentServerTimesOut) {
   Bytes request;
   const auto start = std::chrono::steady_clock::now();
   Fd peer = Start(24, &request);
-  EXPECT_EQ(request, SiwRequest());
+  EXPECT_EQ(request, SiwRequestWithL());
   const EventCopy e = Expect(client_.channel, RDMA_CM_EVENT_UNREACHABLE, 3000ms);
   EXPECT_EQ(e.status, -ETIMEDOUT);
   const auto took = std::chrono::steady_clock::now() - start;
@@ -388,8 +435,19 @@ TEST_F(PassiveWire, LinuxSiwRequestGetsAnEnhancedReply) {
   const siwx_cm_conn_info si = Info(id);
   EXPECT_EQ(si.dialect, static_cast<std::uint32_t>(SIWX_MPA_DIALECT_V2));
   EXPECT_EQ(si.rtr_role, static_cast<std::uint32_t>(SIWX_RTR_ROLE_NONE));
+  EXPECT_EQ(si.large_fpdus, 0u);  // no L in the Request (and none in the Reply above)
   raw.Reset();
   Expect(listener_.channel, RDMA_CM_EVENT_DISCONNECTED);
+}
+
+TEST_F(PassiveWire, LinuxSiwTryGsoRequestGetsLInTheReply) {
+  Fd raw;
+  rdma_cm_id* id = Request(raw, SiwRequestWithL());
+  ASSERT_NE(id, nullptr);
+  ASSERT_EQ(rdma_accept(id, nullptr), 0);
+  EXPECT_EQ(ReadN(raw, 24), Frame(ReplyKey(), /*S, L, Rev 2*/ 0x1802, 4, IrdOrd(0x0001, 0x0001)));
+  Expect(listener_.channel, RDMA_CM_EVENT_ESTABLISHED);
+  EXPECT_EQ(Info(id).large_fpdus, 1u);
 }
 
 TEST_F(PassiveWire, V1RequestAndReplyWithPrivateData) {

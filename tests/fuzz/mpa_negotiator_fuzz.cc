@@ -125,6 +125,7 @@ struct Harness {
     }
     Check(p.local_private_data == start_pd);
     Check(p.peer_private_data.size() <= kMaxPrivateDataLength);
+    Check(!p.large_fpdus || cfg.large_fpdus);  // L answers our own L only
   }
 
   void CheckResponderParams(const MpaNegotiator& n) {
@@ -176,6 +177,7 @@ struct Harness {
     }
     Check(p.local_private_data == accept_pd);
     Check(p.peer_private_data == o.private_data);
+    Check(p.large_fpdus == (o.large_fpdus && cfg.large_fpdus));
   }
 
   void HandleEvents(MpaNegotiator& n) {
@@ -273,6 +275,7 @@ struct Harness {
           Check(h.crc == (cfg.crc == CrcPolicy::kRequire));
           Check(h.revision == (cfg.dialect == MpaDialect::kV2 ? kMpaRevision2 : kMpaRevision1));
           Check(h.x_bit == (cfg.dialect != MpaDialect::kV1));
+          Check(h.large_fpdus == cfg.large_fpdus);
           Check(r.frame.ulp_private_data.size() == start_pd.size());
           if (r.frame.ird_ord) {
             const IrdOrdWord& w = *r.frame.ird_ord;
@@ -280,11 +283,12 @@ struct Harness {
             Check(w.peer_to_peer || !(w.send_rtr || w.write_rtr || w.read_rtr));  // 9.2
           }
         } else {
-          Check(cfg.dialect == MpaDialect::kV1Rtr && frames == 1);
+          Check(cfg.dialect == MpaDialect::kV1Rtr && frames == 1 && !h.large_fpdus);
         }
       } else {
         Check(h.kind == StartupFrameKind::kReply && frames == 0);
         if (!h.reject) Check(h.markers == cfg.markers_wanted);
+        Check(h.large_fpdus == (!h.reject && n.offer().large_fpdus && cfg.large_fpdus));
         // RFC 6581 10: enhanced in, enhanced out; unenhanced in, unenhanced out.
         const bool enhanced_offer = n.offer().dialect == MpaDialect::kV2;
         Check(IsEnhanced(h) == enhanced_offer);
@@ -316,6 +320,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   h.cfg.peer_to_peer = (b0 & 0x80) != 0;
   h.cfg.rtr_types = {(b1 & 1) != 0, (b1 & 2) != 0, (b1 & 4) != 0};
   h.reject = (b1 & 8) != 0;
+  h.cfg.large_fpdus = (b1 & 0x40) != 0;
   // Mostly valid IRD/ORD, sometimes out of range to exercise refusals.
   const std::uint16_t mask = (b1 & 0x10) ? 0xFFFF : 0x00FF;
   h.cfg.ird = in.U16() & mask;

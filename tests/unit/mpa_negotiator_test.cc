@@ -172,7 +172,8 @@ std::string Describe(const Endpoint& e) {
   }
   const NegotiatedParams& p = e.n.params();
   os << "] dialect=" << int(p.dialect) << " rev=" << int(p.revision) << " crc=" << p.crc
-     << " mtx=" << p.markers_tx << " mrx=" << p.markers_rx << " x=" << p.ird_ord_exchanged
+     << " mtx=" << p.markers_tx << " mrx=" << p.markers_rx << " large=" << p.large_fpdus
+     << " x=" << p.ird_ord_exchanged
      << " ird=" << p.ird << " ord=" << p.ord << " peer_word=";
   if (p.peer_ird_ord) {
     os << p.peer_ird_ord->ird << "," << p.peer_ird_ord->ord << "," << p.peer_ird_ord->peer_to_peer
@@ -214,23 +215,27 @@ std::string KeyAt(const Bytes& wire, std::size_t frame_offset) {
 }
 
 // ---------------------------------------------------------------------------
-// The matrix: Initiator dialect x Responder dialect x CRC policies x markers.
+// The matrix: Initiator dialect x Responder dialect x CRC policies x markers
+// x large FPDUs (the L bit) offered / accepted.
 
-using MatrixParam = std::tuple<MpaDialect, MpaDialect, CrcPolicy, CrcPolicy, bool, bool>;
+using MatrixParam =
+    std::tuple<MpaDialect, MpaDialect, CrcPolicy, CrcPolicy, bool, bool, bool, bool>;
 
 class NegotiationMatrix : public ::testing::TestWithParam<MatrixParam> {};
 
 TEST_P(NegotiationMatrix, BackToBack) {
-  const auto [di, dr, ci, cr, mi, mr] = GetParam();
+  const auto [di, dr, ci, cr, mi, mr, li, lr] = GetParam();
   Scenario s;
   s.ini = Initiator(di);
   s.ini.crc = ci;
   s.ini.markers_wanted = mi;
+  s.ini.large_fpdus = li;
   s.ini.ird = 4;
   s.ini.ord = 8;
   s.resp = Responder(dr);
   s.resp.crc = cr;
   s.resp.markers_wanted = mr;
+  s.resp.large_fpdus = lr;
   s.ini_pd = Ascii("init-pd");
   s.reply_pd = Ascii("resp-pd!");
   s.accept_ird = 20;
@@ -249,13 +254,15 @@ TEST_P(NegotiationMatrix, BackToBack) {
   const bool resp_rejects = req_c && cr == CrcPolicy::kRefuse;
   const bool reply_c = req_c || cr == CrcPolicy::kRequire;
   const bool ini_fails = !resp_rejects && reply_c && ci == CrcPolicy::kRefuse;
+  // L answers L in an accepting Reply, in every dialect.
+  const bool large = li && lr;
 
   // The Request as sent.
   const Bytes& iw = o.ini->sent;
   ASSERT_GE(iw.size(), 20u);
   EXPECT_EQ(KeyAt(iw, 0), kReq);
   EXPECT_EQ(FlagsAt(iw, 0), (mi ? 0x8000 : 0) | (req_c ? 0x4000 : 0) |
-                                (di != MpaDialect::kV1 ? 0x1000 : 0) |
+                                (di != MpaDialect::kV1 ? 0x1000 : 0) | (li ? 0x0800 : 0) |
                                 (di == MpaDialect::kV2 ? 2 : 1));
   EXPECT_EQ(PdLengthAt(iw, 0), (di == MpaDialect::kV2 ? 4 : 0) + 7);
   if (di == MpaDialect::kV2) {
@@ -280,7 +287,8 @@ TEST_P(NegotiationMatrix, BackToBack) {
   ASSERT_GE(rw.size(), 20u);
   EXPECT_EQ(KeyAt(rw, 0), kRep);
   if (resp_rejects) {
-    EXPECT_EQ(FlagsAt(rw, 0), 0x2000 | (dialect == MpaDialect::kV2 ? 0x1000 : 0) | rev);
+    EXPECT_EQ(FlagsAt(rw, 0), 0x2000 | (dialect == MpaDialect::kV2 ? 0x1000 : 0) | rev);  // no L
+    EXPECT_FALSE(o.ini->n.params().large_fpdus);
     EXPECT_EQ(o.resp->n.state(), NegotiatorState::kRejected);
     ASSERT_EQ(o.resp->events.size(), 1u);
     EXPECT_EQ(o.resp->events[0].type, NegotiatorEventType::kRejected);
@@ -296,7 +304,9 @@ TEST_P(NegotiationMatrix, BackToBack) {
   }
   const bool x_reply = dialect == MpaDialect::kV2 || dialect == MpaDialect::kV1Rtr;
   EXPECT_EQ(FlagsAt(rw, 0),
-            (mr ? 0x8000 : 0) | (reply_c ? 0x4000 : 0) | (x_reply ? 0x1000 : 0) | rev);
+            (mr ? 0x8000 : 0) | (reply_c ? 0x4000 : 0) | (x_reply ? 0x1000 : 0) |
+                (large ? 0x0800 : 0) | rev);
+  EXPECT_EQ(o.resp->n.offer().large_fpdus, li);
   EXPECT_EQ(PdLengthAt(rw, 0), (dialect == MpaDialect::kV2 ? 4 : 0) + 8);
   if (dialect == MpaDialect::kV2) {
     // min(20, peer ORD 8), min(3, peer IRD 4)
@@ -332,7 +342,7 @@ TEST_P(NegotiationMatrix, BackToBack) {
     const std::size_t at = 20u + PdLengthAt(iw, 0);
     ASSERT_EQ(iw.size(), at + 20u);
     EXPECT_EQ(KeyAt(iw, at), kRtr);
-    EXPECT_EQ(FlagsAt(iw, at), (mi ? 0x8000 : 0) | (reply_c ? 0x4000 : 0) | 1);
+    EXPECT_EQ(FlagsAt(iw, at), (mi ? 0x8000 : 0) | (reply_c ? 0x4000 : 0) | 1);  // never L
     EXPECT_EQ(PdLengthAt(iw, at), 0);
   } else {
     EXPECT_EQ(iw.size(), 20u + PdLengthAt(iw, 0));
@@ -348,6 +358,7 @@ TEST_P(NegotiationMatrix, BackToBack) {
     EXPECT_EQ(p->rtr, RtrType::kNone);
     EXPECT_EQ(p->rtr_types, (RtrTypeSet{false, false, false}));
     EXPECT_EQ(p->ird_ord_exchanged, dialect == MpaDialect::kV2);
+    EXPECT_EQ(p->large_fpdus, large);
   }
   if (dialect == MpaDialect::kV2) {
     // RFC 6581 9.1: each end passes the peer's word to its ULP unchanged.
@@ -390,9 +401,9 @@ std::string MatrixName(const ::testing::TestParamInfo<MatrixParam>& info) {
   const auto c = [](CrcPolicy x) {
     return x == CrcPolicy::kRequire ? "Req" : x == CrcPolicy::kAllow ? "Allow" : "Refuse";
   };
-  const auto [di, dr, ci, cr, mi, mr] = info.param;
+  const auto [di, dr, ci, cr, mi, mr, li, lr] = info.param;
   return std::string(d(di)) + "_to_" + d(dr) + "_Crc" + c(ci) + c(cr) + "_M" + (mi ? "1" : "0") +
-         (mr ? "1" : "0");
+         (mr ? "1" : "0") + "_L" + (li ? "1" : "0") + (lr ? "1" : "0");
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -402,7 +413,7 @@ INSTANTIATE_TEST_SUITE_P(
         ::testing::Values(MpaDialect::kV1, MpaDialect::kV1Rtr, MpaDialect::kV2),
         ::testing::Values(CrcPolicy::kRequire, CrcPolicy::kAllow, CrcPolicy::kRefuse),
         ::testing::Values(CrcPolicy::kRequire, CrcPolicy::kAllow, CrcPolicy::kRefuse),
-        ::testing::Bool(), ::testing::Bool()),
+        ::testing::Bool(), ::testing::Bool(), ::testing::Bool(), ::testing::Bool()),
     MatrixName);
 
 // ---------------------------------------------------------------------------
@@ -592,7 +603,8 @@ void ExpectFailed(const std::vector<NegotiatorEvent>& ev, MpaError error, Startu
 }
 
 TEST(MpaNegotiator, V2InitiatorAcceptsLinuxSiwReply) {
-  // siw echoes IRD/ORD within its limits; its Res may carry its GSO bit.
+  // siw echoes IRD/ORD within its limits; its Reply may carry L (GSO_EXP),
+  // which means nothing to an Initiator that did not offer it.
   for (std::uint16_t flags : {std::uint16_t{0x1002}, std::uint16_t{0x1802}}) {
     const Bytes reply = Frame(kRep, flags, Word(1, 1));
     const InitiatorRun r = FeedInitiator(Initiator(), reply);
@@ -603,6 +615,46 @@ TEST(MpaNegotiator, V2InitiatorAcceptsLinuxSiwReply) {
     EXPECT_EQ(r.n->params().ird, 1);
     EXPECT_EQ(r.n->params().ord, 1);
     EXPECT_EQ(r.n->params().first_send, FirstSendRule::kMayNow);
+    EXPECT_FALSE(r.n->params().large_fpdus);
+  }
+}
+
+TEST(MpaNegotiator, InitiatorOffersLargeFpdusAndAgreesOnlyOnAReplyWithL) {
+  // What a siw with try_gso sends (kernel iwarp.h: GSO_EXP = 0x0800), and
+  // the same offer in the two Rev 1 dialects.
+  struct Case {
+    MpaDialect dialect;
+    Bytes request;
+    std::uint16_t reply_flags;  // without L
+    Bytes reply_pd;
+  };
+  const std::vector<Case> cases = {
+      {MpaDialect::kV2, Cat({Ascii(kReq), {0x18, 0x02, 0x00, 0x04, 0x00, 0x01, 0x00, 0x01}}),
+       0x1002, Word(1, 1)},
+      {MpaDialect::kV1Rtr, Frame(kReq, 0x1801), 0x1001, {}},
+      {MpaDialect::kV1, Frame(kReq, 0x0801), 0x0001, {}},
+  };
+  for (const Case& c : cases) {
+    NegotiatorConfig config = Initiator(c.dialect);
+    config.large_fpdus = true;
+    for (const bool reply_l : {false, true}) {
+      SCOPED_TRACE(std::string(MpaDialectName(c.dialect)) + (reply_l ? ", Reply with L" : ""));
+      MpaNegotiator n(config);
+      ASSERT_EQ(n.Start(T(0)), NegotiatorStatus::kOk);
+      EXPECT_EQ(Pending(n), c.request);
+      n.ConsumeOutput(c.request.size());
+      const std::uint16_t flags = static_cast<std::uint16_t>(c.reply_flags | (reply_l ? 0x0800 : 0));
+      const Bytes reply = Frame(kRep, flags, c.reply_pd);
+      EXPECT_EQ(n.Feed(T(5), reply), reply.size());
+      const auto ev = DrainEvents(n);
+      ASSERT_EQ(ev.size(), 1u);
+      EXPECT_EQ(ev[0].type, NegotiatorEventType::kEstablished);
+      EXPECT_EQ(n.params().dialect, c.dialect);
+      EXPECT_EQ(n.params().large_fpdus, reply_l);
+      if (c.dialect == MpaDialect::kV1Rtr) {
+        EXPECT_EQ(Pending(n), Frame(kRtr, 0x0001));  // the Rtr frame carries no L
+      }
+    }
   }
 }
 
@@ -922,6 +974,61 @@ ResponderRun FeedResponder(const NegotiatorConfig& c, const Bytes& bytes) {
   return r;
 }
 
+TEST(MpaNegotiator, ResponderAnswersLWithLWhenItAccepts) {
+  const Bytes siw_gso_request =
+      Cat({Ascii(kReq), {0x18, 0x02, 0x00, 0x04, 0x00, 0x01, 0x00, 0x01}});
+  struct Case {
+    bool accept_large;
+    const Bytes* request;
+    std::uint16_t reply_flags;
+    bool agreed;
+  };
+  const std::vector<Case> cases = {
+      {true, &siw_gso_request, 0x1802, true},
+      {false, &siw_gso_request, 0x1002, false},
+      {true, &kSiwRequest, 0x1002, false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::to_string(c.reply_flags) + (c.accept_large ? " accepting" : ""));
+    NegotiatorConfig config = Responder();
+    config.large_fpdus = c.accept_large;
+    MpaNegotiator n(config);
+    ASSERT_EQ(n.Start(T(0)), NegotiatorStatus::kOk);
+    EXPECT_EQ(n.Feed(T(5), *c.request), 24u);
+    ASSERT_EQ(DrainEvents(n).size(), 1u);
+    EXPECT_EQ(n.offer().large_fpdus, c.request == &siw_gso_request);
+    EXPECT_EQ(n.offer().reserved_bits, 0);
+    ASSERT_EQ(n.Accept(T(6), {}, 16, 16), NegotiatorStatus::kOk);
+    EXPECT_EQ(Pending(n), Frame(kRep, c.reply_flags, Word(1, 1)));
+    EXPECT_EQ(n.params().large_fpdus, c.agreed);
+  }
+  // v1 and the S-bit dialect: the same answer in Rev 1.
+  for (const std::uint16_t req : {std::uint16_t{0x0801}, std::uint16_t{0x1801}}) {
+    NegotiatorConfig config = Responder();
+    config.large_fpdus = true;
+    ResponderRun r = FeedResponder(config, Frame(kReq, req));
+    ASSERT_EQ(r.n->Accept(T(11), {}, 1, 1), NegotiatorStatus::kOk);
+    EXPECT_EQ(Pending(*r.n), Frame(kRep, req));
+    EXPECT_TRUE(r.n->params().large_fpdus);
+  }
+}
+
+TEST(MpaNegotiator, RejectingReplyCarriesNoL) {
+  NegotiatorConfig config = Responder();
+  config.large_fpdus = true;
+  ResponderRun r = FeedResponder(config, Frame(kReq, 0x1802, Word(1, 1)));
+  ASSERT_EQ(r.n->Reject({}), NegotiatorStatus::kOk);
+  EXPECT_EQ(Pending(*r.n), Frame(kRep, 0x3002, Word(0, 0)));  // R, enhanced, Rev 2
+  EXPECT_FALSE(r.n->params().large_fpdus);
+  // A rejecting Reply with L does not make an agreement either.
+  NegotiatorConfig ini = Initiator();
+  ini.large_fpdus = true;
+  const InitiatorRun i = FeedInitiator(ini, Frame(kRep, 0x3802, Word(0, 0)));
+  ASSERT_EQ(i.events.size(), 1u);
+  EXPECT_EQ(i.events[0].type, NegotiatorEventType::kRejected);
+  EXPECT_FALSE(i.n->params().large_fpdus);
+}
+
 TEST(MpaNegotiator, UnenhancedResponderClosesOnAnEnhancedRequest) {
   // RFC 6581 10: "If the responder receives an enhanced MPA message and it
   // does not support enhanced RDMA connection establishment, it MUST close
@@ -974,9 +1081,11 @@ TEST(MpaNegotiator, ResponderIgnoresReservedBitsAndRInARequest) {
   ResponderRun r = FeedResponder(Responder(MpaDialect::kV1), Frame(kReq, 0x2F01));
   ASSERT_EQ(r.events.size(), 1u);
   EXPECT_EQ(r.events[0].type, NegotiatorEventType::kRequestReceived);
-  EXPECT_EQ(r.n->offer().reserved_bits, 0x0F);
+  EXPECT_EQ(r.n->offer().reserved_bits, 0x07);
+  EXPECT_TRUE(r.n->offer().large_fpdus);  // 0x0800 is L
   ASSERT_EQ(r.n->Accept(T(11), {}, 1, 1), NegotiatorStatus::kOk);
-  EXPECT_EQ(Pending(*r.n), Frame(kRep, 0x0001));  // we send Res = 0
+  EXPECT_EQ(Pending(*r.n), Frame(kRep, 0x0001));  // Res = 0, and no L: not accepting it
+  EXPECT_FALSE(r.n->params().large_fpdus);
 }
 
 TEST(MpaNegotiator, ResponderRefusesMarkersItCannotSend) {

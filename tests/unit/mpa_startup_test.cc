@@ -34,6 +34,12 @@ const Bytes kSiwRequest = Cat({kReqKey,
      0x00, 0x04,     // PD_Length = 4
      0x00, 0x01,     // A=0 B=0 IRD=1
      0x00, 0x01}});  // C=0 D=0 ORD=1
+// The same from a siw with try_gso: its MPA_RR_FLAG_GSO_EXP, siwx's L bit.
+const Bytes kSiwRequestLargeFpdus = Cat({kReqKey,
+    {0x18, 0x02,     // M=0 C=0 R=0 enhanced=1 L=1 Res=0 | Rev=2
+     0x00, 0x04,     // PD_Length = 4
+     0x00, 0x01,     // A=0 B=0 IRD=1
+     0x00, 0x01}});  // C=0 D=0 ORD=1
 // The same with CRC required.
 const Bytes kSiwRequestCrc = Cat({kReqKey,
     {0x50, 0x02,     // M=0 C=1 R=0 enhanced=1 | Rev=2
@@ -82,6 +88,7 @@ TEST(MpaStartupDecode, LinuxSiwRequest) {
   EXPECT_FALSE(h.crc);
   EXPECT_FALSE(h.reject);
   EXPECT_TRUE(h.x_bit);
+  EXPECT_FALSE(h.large_fpdus);
   EXPECT_EQ(h.reserved, 0);
   EXPECT_EQ(h.revision, 2);
   EXPECT_EQ(h.pd_length, 4);
@@ -91,6 +98,48 @@ TEST(MpaStartupDecode, LinuxSiwRequest) {
   EXPECT_EQ(*r.frame.ird_ord, (IrdOrdWord{1, 1, false, false, false, false}));
   EXPECT_EQ(r.frame.private_data.size(), 4u);
   EXPECT_EQ(r.frame.ulp_private_data.size(), 0u);
+}
+
+TEST(MpaStartupDecode, LinuxSiwRequestWithTryGso) {
+  const StartupDecodeResult r = DecodeStartupFrame(kSiwRequestLargeFpdus);
+  ASSERT_EQ(r.status, StartupDecodeStatus::kComplete);
+  EXPECT_EQ(r.consumed, 24u);
+  const StartupHeader& h = r.frame.header;
+  EXPECT_TRUE(h.large_fpdus);
+  EXPECT_EQ(h.reserved, 0);  // L is not counted among the other Res bits
+  EXPECT_TRUE(h.x_bit);
+  EXPECT_FALSE(h.markers);
+  EXPECT_FALSE(h.crc);
+  EXPECT_FALSE(h.reject);
+  EXPECT_EQ(h.revision, 2);
+  EXPECT_TRUE(IsEnhanced(h));
+  ASSERT_TRUE(r.frame.ird_ord.has_value());
+  EXPECT_EQ(*r.frame.ird_ord, (IrdOrdWord{1, 1, false, false, false, false}));
+}
+
+TEST(MpaStartupDecode, OtherReservedBitsDoNotHideL) {
+  // RFC 5044 7.1.1: Res is not checked on reception. 0x0700 (the three
+  // other Res bits) set, L clear and then set; a v1 Reply and an S-bit
+  // Request alike.
+  const Bytes v1_res = Cat({kRepKey, {0x07, 0x01, 0x00, 0x00}});  // Res=0x7 | Rev 1
+  const StartupDecodeResult a = DecodeStartupFrame(v1_res);
+  ASSERT_EQ(a.status, StartupDecodeStatus::kComplete);
+  EXPECT_FALSE(a.frame.header.large_fpdus);
+  EXPECT_EQ(a.frame.header.reserved, 0x07);
+  EXPECT_FALSE(a.frame.header.x_bit);
+  const Bytes sbit_all = Cat({kReqKey, {0x1F, 0x01, 0x00, 0x00}});  // S=1 L=1 Res=0x7 | Rev 1
+  const StartupDecodeResult b = DecodeStartupFrame(sbit_all);
+  ASSERT_EQ(b.status, StartupDecodeStatus::kComplete);
+  EXPECT_TRUE(b.frame.header.large_fpdus);
+  EXPECT_EQ(b.frame.header.reserved, 0x07);
+  EXPECT_TRUE(HasRtrIndicator(b.frame.header));
+  const Bytes v2_res = Cat({kRepKey, {0x1D, 0x02, 0x00, 0x04, 0x00, 0x02, 0x00, 0x03}});
+  const StartupDecodeResult c = DecodeStartupFrame(v2_res);  // S=1 L=1 Res=0x5 | Rev 2
+  ASSERT_EQ(c.status, StartupDecodeStatus::kComplete);
+  EXPECT_TRUE(c.frame.header.large_fpdus);
+  EXPECT_EQ(c.frame.header.reserved, 0x05);
+  ASSERT_TRUE(c.frame.ird_ord.has_value());
+  EXPECT_EQ(*c.frame.ird_ord, (IrdOrdWord{2, 3, false, false, false, false}));
 }
 
 TEST(MpaStartupDecode, LinuxSiwRequestWithCrc) {
@@ -189,7 +238,9 @@ TEST(MpaStartupIrdOrd, ConstantsMatchRfc6581) {
   // RFC 6581 6: S is the bit after R; 9: A/C top bit, B/D next, 14-bit
   // values; 9.1: all ones (0x3FFF) leaves the value to the ULP.
   EXPECT_EQ(kStartupFlagX, 0x1000);
-  EXPECT_EQ(kStartupResMask, 0x0F00);
+  // siw's iwarp.h: MPA_RR_FLAG_GSO_EXP is 0x0800; Res keeps the rest.
+  EXPECT_EQ(kStartupFlagLargeFpdus, 0x0800);
+  EXPECT_EQ(kStartupResMask, 0x0700);
   EXPECT_EQ(kIrdOrdWordSize, 4u);
   EXPECT_EQ(kIrdOrdFlagHigh, 0x8000);
   EXPECT_EQ(kIrdOrdFlagLow, 0x4000);
@@ -340,17 +391,19 @@ TEST(MpaStartupDecode, ReservedBitsAndRequestRAreNotCheckedOnReception) {
   // RFC 5044 7.1.1: Res "MUST be set to zero when sending, and not checked on
   // reception"; R "is set to zero, and not checked on reception in the MPA
   // Request Frame". Both are reported, neither is an error.
-  const Bytes req = Cat({kReqKey, {0x2F, 0x01, 0x00, 0x00}});  // R=1 Res=0xF | Rev 1
+  const Bytes req = Cat({kReqKey, {0x2F, 0x01, 0x00, 0x00}});  // R=1 L=1 Res=0x7 | Rev 1
   const StartupDecodeResult r = DecodeStartupFrame(req);
   ASSERT_EQ(r.status, StartupDecodeStatus::kComplete);
-  EXPECT_EQ(r.frame.header.reserved, 0x0F);
+  EXPECT_EQ(r.frame.header.reserved, 0x07);
+  EXPECT_TRUE(r.frame.header.large_fpdus);
   EXPECT_TRUE(r.frame.header.reject);
   EXPECT_FALSE(r.frame.header.x_bit);
-  // Linux siw's GSO_EXP bit (0x0800) lands in Res.
+  // Linux siw's GSO_EXP bit (0x0800) is L, not one of the other Res bits.
   const Bytes siw_gso = Cat({kRepKey, {0x18, 0x02, 0x00, 0x04, 0x00, 0x01, 0x00, 0x01}});
   const StartupDecodeResult g = DecodeStartupFrame(siw_gso);
   ASSERT_EQ(g.status, StartupDecodeStatus::kComplete);
-  EXPECT_EQ(g.frame.header.reserved, 0x08);
+  EXPECT_EQ(g.frame.header.reserved, 0x00);
+  EXPECT_TRUE(g.frame.header.large_fpdus);
   EXPECT_TRUE(IsEnhanced(g.frame.header));
 }
 
@@ -367,6 +420,26 @@ TEST(MpaStartupEncode, LinuxSiwRequestExactBytes) {
   out.clear();
   ASSERT_EQ(EncodeStartupFrame(spec, &out), StartupEncodeStatus::kOk);
   EXPECT_EQ(out, kSiwRequestCrc);
+  spec.crc = false;
+  spec.large_fpdus = true;
+  out.clear();
+  ASSERT_EQ(EncodeStartupFrame(spec, &out), StartupEncodeStatus::kOk);
+  EXPECT_EQ(out, kSiwRequestLargeFpdus);
+}
+
+TEST(MpaStartupEncode, HeaderEncodesLAndResApart) {
+  StartupHeader h;
+  h.kind = StartupFrameKind::kReply;
+  h.large_fpdus = true;
+  h.reserved = 0x0F;  // only the low three bits are Res now
+  h.revision = 1;
+  std::uint8_t out[kStartupHeaderSize] = {};
+  EncodeStartupHeader(h, out);
+  EXPECT_EQ(out[16], 0x0F);  // L=1 Res=0x7
+  EXPECT_EQ(out[17], 0x01);
+  h.large_fpdus = false;
+  EncodeStartupHeader(h, out);
+  EXPECT_EQ(out[16], 0x07);
 }
 
 TEST(MpaStartupEncode, EveryVectorExactBytes) {
@@ -478,6 +551,9 @@ TEST(MpaStartupEncode, RefusesWhatASenderMustNotSend) {
     s.x_bit = false;
     s.reject = true;
     cases.push_back({s, StartupEncodeStatus::kBadRtrFlags});
+    s.reject = false;
+    s.large_fpdus = true;
+    cases.push_back({s, StartupEncodeStatus::kBadRtrFlags});
   }
   {
     StartupFrameSpec s = base;  // Rev 2 + enhanced without the word
@@ -546,7 +622,8 @@ TEST(MpaStartupEncode, RefusesWhatASenderMustNotSend) {
 TEST(MpaStartupEncode, HeaderEncoderWritesResAsGiven) {
   StartupHeader h;
   h.kind = StartupFrameKind::kReply;
-  h.reserved = 0x0A;
+  h.large_fpdus = true;  // 0x08 of the octet
+  h.reserved = 0x02;
   h.revision = 1;
   h.pd_length = 0x0102;
   std::uint8_t out[kStartupHeaderSize];
@@ -560,6 +637,8 @@ TEST(MpaStartupNames, ArePinned) {
   EXPECT_EQ(StartupFrameErrorName(StartupFrameError::kPrivateDataTooLong), "PD_Length exceeds 512");
   EXPECT_EQ(StartupEncodeStatusName(StartupEncodeStatus::kRejectInRequest),
             "R must be zero in a Request");
+  EXPECT_EQ(StartupEncodeStatusName(StartupEncodeStatus::kBadRtrFlags),
+            "R, S and L must be zero in an Rtr frame");
   EXPECT_EQ(StartupEncodeStatusName(StartupEncodeStatus::kRtrFlagsWithoutPeerToPeer),
             "RTR flags B, C, D must be zero when A is zero");
 }
