@@ -46,8 +46,10 @@
 // Destruction (ibv_destroy_qp(3)) is safe while the progress thread runs:
 // the QP leaves the context's qp_num map first (no more async events for it),
 // the engine QP is destroyed (when that returns no engine thread touches its
-// buffers or CQs), unread async events about it are taken back and read ones
-// awaited (as destroy_cq does), and the CM hears that its stream ended.
+// buffers or CQs), its completions still queued are removed from its CQs
+// (RemoveQueuedCompletions says which and why), unread async events about
+// it are taken back and read ones awaited (as destroy_cq does), and the CM
+// hears that its stream ended.
 #include <algorithm>
 #include <array>
 #include <cerrno>
@@ -381,6 +383,28 @@ int StreamEndOf(const engine::Qp& qp, int* error) {
   return SIWX_STREAM_EVENT_CLOSED;
 }
 
+// Called once the engine QP is destroyed, so it pushes nothing more.
+// After ibv_destroy_qp no completion of the QP may come out of ibv_poll_cq,
+// as with mlx5, which cleans its CQs of a destroyed QP's entries.
+// libfabric's verbs provider (vrb_ep_close) counts on it: right after
+// destroying the QP it keeps what the CQs still hold for later reads and
+// makes flush completions for the receives it still has listed. A successful
+// receive left in our CQ would reach ofi_rxm instead, which reposts the
+// buffer on the endpoint that is gone (the fi_pingpong -e rdm crash).
+// An SRQ QP's receive completions stay: they return SRQ WRs, which outlive
+// the QP, and dropping them would lose those buffers for the application
+// for good (the completion needs nothing of the QP to be handled).
+void RemoveQueuedCompletions(const Qp& qp) {
+  const engine::QpEntries which =
+      qp.srq != nullptr ? engine::QpEntries::kAllButReceives : engine::QpEntries::kAll;
+  const std::uint32_t qp_num = qp.vqp.qp.qp_num;
+  std::size_t removed = qp.send_cq->queue->RemoveQp(qp_num, which);
+  if (qp.recv_cq != qp.send_cq) removed += qp.recv_cq->queue->RemoveQp(qp_num, which);
+  if (removed > 0) {
+    SIWX_LOG(kDebug, "QP %u: %zu queued completions removed on destroy", qp_num, removed);
+  }
+}
+
 }  // namespace
 
 Qp* FindQp(Context* context, std::uint32_t qp_num) {
@@ -556,6 +580,7 @@ int DestroyQp(ibv_qp* ibqp) noexcept {
     // marked the QP destroyed, so nothing new starts on it.
     SIWX_LOG(kError, "QP %u: out of memory while destroying it", ibqp->qp_num);
   }
+  RemoveQueuedCompletions(*qp);
   if (std::optional<siwx_stream_notify> notify = TakeNotify(shared);
       notify && notify->event != nullptr) {
     notify->event(notify->cookie, SIWX_STREAM_EVENT_ERROR, ECONNABORTED);
