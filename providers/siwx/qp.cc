@@ -8,8 +8,12 @@
 // CQs and SRQ, which refuse destruction while it lives. ibv_create_qp fills
 // nothing itself, so CreateQp sets every field ibv_cmd_create_qp would.
 // The capacities written back are the ones in force: the requested ones,
-// except that a QP without an SRQ has room for at least one receive WR, and
-// an SRQ QP reports 0 receive WRs and SGEs (it has no receive queue).
+// except that a QP without an SRQ has room for at least one receive WR, an
+// SRQ QP reports 0 receive WRs and SGEs (it has no receive queue), and every
+// QP takes the device's maximum inline size, which costs nothing (each WR
+// record has room for it) and is what kernel siw reports; ibv_create_qp(3)
+// allows more than asked. libfabric's verbs provider sizes inject_size on
+// iWARP from the first value a create returns, and asks for 2.
 //
 // States (ibv_modify_qp(3) on an iWARP device; qp_state.h has the table):
 // RESET -> INIT -> RTR as usual. RTS is entered when the connection manager
@@ -177,7 +181,7 @@ ibv_qp* CreateEngineQp(ibv_pd* ibpd, ibv_qp_init_attr* attr) {
   config.send_cq = send_cq->queue;
   config.recv_cq = recv_cq->queue;
   config.srq = srq != nullptr ? srq->queue : nullptr;
-  config.sq_caps = {attr->cap.max_send_wr, attr->cap.max_send_sge, attr->cap.max_inline_data};
+  config.sq_caps = {attr->cap.max_send_wr, attr->cap.max_send_sge, DeviceLimits::kMaxInlineData};
   if (srq == nullptr) {
     // A receive queue needs room for one WR; an application that asked for
     // none gets one (the caps written back say so).
@@ -244,6 +248,7 @@ ibv_qp* CreateEngineQp(ibv_pd* ibpd, ibv_qp_init_attr* attr) {
     return nullptr;
   }
 
+  attr->cap.max_inline_data = config.sq_caps.max_inline_data;
   if (srq != nullptr) {
     attr->cap.max_recv_wr = 0;
     attr->cap.max_recv_sge = 0;
