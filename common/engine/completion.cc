@@ -87,6 +87,25 @@ std::size_t CompletionQueue::Poll(std::span<WorkCompletion> out) {
   return n;
 }
 
+std::size_t CompletionQueue::RemoveQp(std::uint32_t qp_num, QpEntries which) {
+  std::lock_guard lock(mutex_);
+  const std::size_t count = count_.load(std::memory_order_relaxed);
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    const WorkCompletion& wc = ring_[(head_ + i) % capacity_];
+    const bool is_receive = (static_cast<std::uint32_t>(wc.opcode) &
+                             static_cast<std::uint32_t>(WcOpcode::kRecv)) != 0;
+    const bool remove =
+        wc.qp_num == qp_num && (which == QpEntries::kAll || !is_receive);
+    if (remove) continue;
+    // Compacts toward the head; kept <= i, so no entry is overwritten unread.
+    if (kept != i) ring_[(head_ + kept) % capacity_] = wc;
+    ++kept;
+  }
+  count_.store(kept, std::memory_order_release);
+  return count - kept;
+}
+
 void CompletionQueue::Arm(CqArm arm) {
   std::lock_guard lock(mutex_);
   if (arm == CqArm::kNone || arm > arm_) arm_ = arm;  // widen, never narrow

@@ -29,8 +29,7 @@
 // check; it is written only under `mutex_`. `in_error_` is written under
 // `mutex_` and may be read without it.
 //
-// Not here yet: resize (ibv_resize_cq) and removing the entries of a
-// destroyed QP.
+// Not here yet: resize (ibv_resize_cq).
 #pragma once
 
 #include <atomic>
@@ -115,6 +114,12 @@ enum class CqEvent : std::uint8_t {
   kCqError,  // IBV_EVENT_CQ_ERR: the ring overflowed
 };
 
+// Which queued entries of a destroyed QP RemoveQp takes out.
+enum class QpEntries : std::uint8_t {
+  kAll,
+  kAllButReceives,  // receive completions (kRecv bit) stay: an SRQ QP's name SRQ WRs
+};
+
 enum class PushStatus : std::uint8_t {
   kOk = 0,
   kOverflow,  // this push found the ring full; the CQ is now in error
@@ -145,6 +150,11 @@ class CompletionQueue {
 
   // Moves up to out.size() of the oldest entries into `out`; returns how many.
   std::size_t Poll(std::span<WorkCompletion> out);
+
+  // Takes the queued entries of QP `qp_num` out (ibv_destroy_qp), keeping
+  // the order of the others; returns how many went. Entries pushed later
+  // are not affected: the caller makes sure the QP pushes no more first.
+  std::size_t RemoveQp(std::uint32_t qp_num, QpEntries which);
 
   // ibv_req_notify_cq. kNone disarms.
   void Arm(CqArm arm);

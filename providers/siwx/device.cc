@@ -169,10 +169,11 @@ void FillDeviceAttr(const Device& device, ibv_device_attr_ex* attr_ex) {
   a.hw_ver = 0;
   a.max_qp = DeviceLimits::kMaxQp;
   a.max_qp_wr = DeviceLimits::kMaxQpWr;
-  // MEM_MGT_EXTENSIONS as siw: Send with Invalidate (RFC 5040 5.3) and local
-  // invalidation of STags.
-  a.device_cap_flags = IBV_DEVICE_MEM_MGT_EXTENSIONS | IBV_DEVICE_SYS_IMAGE_GUID |
-                       IBV_DEVICE_PORT_ACTIVE_EVENT;
+  // No MEM_MGT_EXTENSIONS: it promises fast-register MRs and memory windows,
+  // which are not offered (Send with Invalidate and Local Invalidate are
+  // served without it). Nothing we run looks at the flag: libfabric's verbs
+  // provider, perftest, librdmacm and rping do not.
+  a.device_cap_flags = IBV_DEVICE_SYS_IMAGE_GUID | IBV_DEVICE_PORT_ACTIVE_EVENT;
   a.max_sge = DeviceLimits::kMaxSge;
   a.max_sge_rd = DeviceLimits::kMaxSgeRead;
   a.max_cq = DeviceLimits::kMaxCq;

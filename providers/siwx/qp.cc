@@ -8,8 +8,12 @@
 // CQs and SRQ, which refuse destruction while it lives. ibv_create_qp fills
 // nothing itself, so CreateQp sets every field ibv_cmd_create_qp would.
 // The capacities written back are the ones in force: the requested ones,
-// except that a QP without an SRQ has room for at least one receive WR, and
-// an SRQ QP reports 0 receive WRs and SGEs (it has no receive queue).
+// except that a QP without an SRQ has room for at least one receive WR, an
+// SRQ QP reports 0 receive WRs and SGEs (it has no receive queue), and every
+// QP takes the device's maximum inline size, which costs nothing (each WR
+// record has room for it) and is what kernel siw reports; ibv_create_qp(3)
+// allows more than asked. libfabric's verbs provider sizes inject_size on
+// iWARP from the first value a create returns, and asks for 2.
 //
 // States (ibv_modify_qp(3) on an iWARP device; qp_state.h has the table):
 // RESET -> INIT -> RTR as usual. RTS is entered when the connection manager
@@ -46,8 +50,10 @@
 // Destruction (ibv_destroy_qp(3)) is safe while the progress thread runs:
 // the QP leaves the context's qp_num map first (no more async events for it),
 // the engine QP is destroyed (when that returns no engine thread touches its
-// buffers or CQs), unread async events about it are taken back and read ones
-// awaited (as destroy_cq does), and the CM hears that its stream ended.
+// buffers or CQs), its completions still queued are removed from its CQs
+// (RemoveQueuedCompletions says which and why), unread async events about
+// it are taken back and read ones awaited (as destroy_cq does), and the CM
+// hears that its stream ended.
 #include <algorithm>
 #include <array>
 #include <cerrno>
@@ -175,7 +181,7 @@ ibv_qp* CreateEngineQp(ibv_pd* ibpd, ibv_qp_init_attr* attr) {
   config.send_cq = send_cq->queue;
   config.recv_cq = recv_cq->queue;
   config.srq = srq != nullptr ? srq->queue : nullptr;
-  config.sq_caps = {attr->cap.max_send_wr, attr->cap.max_send_sge, attr->cap.max_inline_data};
+  config.sq_caps = {attr->cap.max_send_wr, attr->cap.max_send_sge, DeviceLimits::kMaxInlineData};
   if (srq == nullptr) {
     // A receive queue needs room for one WR; an application that asked for
     // none gets one (the caps written back say so).
@@ -242,6 +248,7 @@ ibv_qp* CreateEngineQp(ibv_pd* ibpd, ibv_qp_init_attr* attr) {
     return nullptr;
   }
 
+  attr->cap.max_inline_data = config.sq_caps.max_inline_data;
   if (srq != nullptr) {
     attr->cap.max_recv_wr = 0;
     attr->cap.max_recv_sge = 0;
@@ -379,6 +386,28 @@ int StreamEndOf(const engine::Qp& qp, int* error) {
   }
   *error = 0;
   return SIWX_STREAM_EVENT_CLOSED;
+}
+
+// Called once the engine QP is destroyed, so it pushes nothing more.
+// After ibv_destroy_qp no completion of the QP may come out of ibv_poll_cq,
+// as with mlx5, which cleans its CQs of a destroyed QP's entries.
+// libfabric's verbs provider (vrb_ep_close) counts on it: right after
+// destroying the QP it keeps what the CQs still hold for later reads and
+// makes flush completions for the receives it still has listed. A successful
+// receive left in our CQ would reach ofi_rxm instead, which reposts the
+// buffer on the endpoint that is gone (the fi_pingpong -e rdm crash).
+// An SRQ QP's receive completions stay: they return SRQ WRs, which outlive
+// the QP, and dropping them would lose those buffers for the application
+// for good (the completion needs nothing of the QP to be handled).
+void RemoveQueuedCompletions(const Qp& qp) {
+  const engine::QpEntries which =
+      qp.srq != nullptr ? engine::QpEntries::kAllButReceives : engine::QpEntries::kAll;
+  const std::uint32_t qp_num = qp.vqp.qp.qp_num;
+  std::size_t removed = qp.send_cq->queue->RemoveQp(qp_num, which);
+  if (qp.recv_cq != qp.send_cq) removed += qp.recv_cq->queue->RemoveQp(qp_num, which);
+  if (removed > 0) {
+    SIWX_LOG(kDebug, "QP %u: %zu queued completions removed on destroy", qp_num, removed);
+  }
 }
 
 }  // namespace
@@ -556,6 +585,7 @@ int DestroyQp(ibv_qp* ibqp) noexcept {
     // marked the QP destroyed, so nothing new starts on it.
     SIWX_LOG(kError, "QP %u: out of memory while destroying it", ibqp->qp_num);
   }
+  RemoveQueuedCompletions(*qp);
   if (std::optional<siwx_stream_notify> notify = TakeNotify(shared);
       notify && notify->event != nullptr) {
     notify->event(notify->cookie, SIWX_STREAM_EVENT_ERROR, ECONNABORTED);
