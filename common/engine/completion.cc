@@ -100,7 +100,7 @@ std::size_t CompletionQueue::PollWithProgress(std::span<WorkCompletion> out) {
     std::unique_lock lock(drivers_mutex_, std::try_to_lock);
     if (!lock.owns_lock() || drivers_.empty()) return 0;
     tls_driving = true;
-    for (PollDriver* driver : drivers_) driver->DriveFromPoll();
+    for (PollDriver* driver : drivers_) driver->DriveFromPoll(*this);
     tls_driving = false;
   }
   return Poll(out);

@@ -115,13 +115,16 @@ enum class CqEvent : std::uint8_t {
   kCqError,  // IBV_EVENT_CQ_ERR: the ring overflowed
 };
 
+class CompletionQueue;
+
 // Work that can produce completions on a CQ when an application thread polls
 // it empty: a QP's receive side (Qp::DriveFromPoll). The CQ only calls it;
-// the driver decides whether it may run on the calling thread.
+// the driver decides whether it may run on the calling thread and whether
+// anything it could do would complete on `polled`.
 class PollDriver {
  public:
   virtual ~PollDriver() = default;
-  virtual void DriveFromPoll() = 0;
+  virtual void DriveFromPoll(const CompletionQueue& polled) = 0;
 };
 
 enum class PushStatus : std::uint8_t {

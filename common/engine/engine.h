@@ -6,8 +6,8 @@
 // a Doorbell (eventfd); it never busy-polls (research/perf-anchors.md 2.7:
 // spinning engine threads destroy latency on a 2-vCPU host). It does the
 // receive processing (so an RDMA Write target makes progress while its
-// application does nothing) unless an application thread that polls one of
-// the QP's CQs empty takes that turn itself (Qp::DriveFromPoll: a thread
+// application does nothing) unless an application thread that polls the
+// QP's receive CQ empty takes that turn itself (Qp::DriveFromPoll: a thread
 // spinning in ibv_poll_cq needs no wake-up of this one). It produces Read
 // Responses, continues transmitting when a socket becomes writable, and
 // runs the commands application threads hand it (attach a stream, finalize

@@ -489,7 +489,6 @@ void Qp::Attach() {
   }
   if (!driven_) {
     config_.recv_cq->AddDriver(this);
-    if (config_.send_cq != config_.recv_cq) config_.send_cq->AddDriver(this);
     driven_ = true;
   }
   if (add_error != 0) {
@@ -604,9 +603,8 @@ void Qp::Detach() {
   }
   if (driven_) {
     // Waits for a poll that is inside DriveFromPoll; after this no
-    // application thread reaches the QP through its CQs.
+    // application thread reaches the QP through its receive CQ.
     config_.recv_cq->RemoveDriver(this);
-    if (config_.send_cq != config_.recv_cq) config_.send_cq->RemoveDriver(this);
     driven_ = false;
   }
   std::lock_guard lock(queue_mutex_);
@@ -641,12 +639,16 @@ void Qp::OnPollEvent(bool readable, bool writable, bool hangup) {
   }
 }
 
-void Qp::DriveFromPoll() {
+void Qp::DriveFromPoll(const CompletionQueue& polled) {
   // The progress thread receives anyway; a nested call (callback) must not.
   if (destroyed_.load(std::memory_order_acquire) || tls_rx_driver != nullptr ||
       engine_->OnProgressThread() || !ProcessesInbound(state_.state())) {
     return;
   }
+  // Only receives complete through this turn. Read Responses (send CQ) are
+  // left to the progress thread: driving them from ib_read_lat's poll loop
+  // measured slower at 2 B (median 18.8 us against 13.6 us without).
+  if (&polled != config_.recv_cq || rq_->size() == 0) return;
   std::unique_lock rx_lock(rx_mutex_, std::try_to_lock);
   if (!rx_lock.owns_lock() || !attached_ || finalized_ || detached_ || !stream_) return;
   tls_rx_driver = this;

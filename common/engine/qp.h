@@ -32,7 +32,7 @@
 //  - whichever thread currently owns the transmit gate (QpTx): an
 //    application thread posting inline, or the progress thread;
 //  - whichever thread holds the receive lock (`rx_mutex_`, QpRx): the
-//    progress thread, or an application thread polling one of the QP's CQs
+//    progress thread, or an application thread polling the QP's receive CQ
 //    empty (DriveFromPoll), which only tries the lock.
 // The transmit gate (`tx_gate_`) is a counter: the thread that moves it from
 // 0 owns the transmit side and runs QpTx::Pump until no kick is left; a
@@ -226,9 +226,11 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   // One receive turn on the calling application thread, called by a CQ
   // this QP completes work on when it is polled empty (PollWithProgress):
   // reads what the socket holds and completes it here, without waiting for
-  // the progress thread to be scheduled. Does nothing when another thread
+  // the progress thread to be scheduled. Only for the QP's receive CQ with a
+  // receive posted (an inbound Send can complete), so a poll loop that waits
+  // for send completions costs no recvmsg. Does nothing when another thread
   // is in the receive side, on the progress thread, or outside RTS.
-  void DriveFromPoll() override;
+  void DriveFromPoll(const CompletionQueue& polled) override;
 
  private:
   friend class Engine;
@@ -381,7 +383,7 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   bool attached_ = false;      // written by the progress thread under rx_mutex_
   bool finalized_ = false;     // same: Finalize ran
   bool detached_ = false;      // same
-  bool driven_ = false;        // progress thread: registered with the CQs as a driver
+  bool driven_ = false;        // progress thread: registered with the receive CQ as a driver
 
   // Counters: single writer each (gate holder for tx_*, progress thread for
   // rx_*), relaxed atomics so readers need no lock.
