@@ -5,6 +5,12 @@
 
 namespace siwx::engine {
 
+namespace {
+// Set while this thread runs a driver's turn: a callback that polls from
+// inside it must not drive again (the turn holds locks a driver would take).
+thread_local bool tls_driving = false;
+}  // namespace
+
 std::string_view WcStatusName(WcStatus status) {
   switch (status) {
     case WcStatus::kSuccess: return "success";
@@ -104,6 +110,31 @@ std::size_t CompletionQueue::RemoveQp(std::uint32_t qp_num, QpEntries which) {
   }
   count_.store(kept, std::memory_order_release);
   return count - kept;
+}
+
+std::size_t CompletionQueue::PollWithProgress(std::span<WorkCompletion> out) {
+  const std::size_t n = Poll(out);
+  if (n > 0 || out.empty() || tls_driving) return n;
+  {
+    std::unique_lock lock(drivers_mutex_, std::try_to_lock);
+    if (!lock.owns_lock() || drivers_.empty()) return 0;
+    tls_driving = true;
+    for (PollDriver* driver : drivers_) driver->DriveFromPoll();
+    tls_driving = false;
+  }
+  return Poll(out);
+}
+
+void CompletionQueue::AddDriver(PollDriver* driver) {
+  std::lock_guard lock(drivers_mutex_);
+  if (std::find(drivers_.begin(), drivers_.end(), driver) == drivers_.end()) {
+    drivers_.push_back(driver);
+  }
+}
+
+void CompletionQueue::RemoveDriver(PollDriver* driver) {
+  std::lock_guard lock(drivers_mutex_);
+  drivers_.erase(std::remove(drivers_.begin(), drivers_.end(), driver), drivers_.end());
 }
 
 void CompletionQueue::Arm(CqArm arm) {

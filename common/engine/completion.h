@@ -120,6 +120,15 @@ enum class QpEntries : std::uint8_t {
   kAllButReceives,  // receive completions (kRecv bit) stay: an SRQ QP's name SRQ WRs
 };
 
+// Work that can produce completions on a CQ when an application thread polls
+// it empty: a QP's receive side (Qp::DriveFromPoll). The CQ only calls it;
+// the driver decides whether it may run on the calling thread.
+class PollDriver {
+ public:
+  virtual ~PollDriver() = default;
+  virtual void DriveFromPoll() = 0;
+};
+
 enum class PushStatus : std::uint8_t {
   kOk = 0,
   kOverflow,  // this push found the ring full; the CQ is now in error
@@ -150,6 +159,18 @@ class CompletionQueue {
 
   // Moves up to out.size() of the oldest entries into `out`; returns how many.
   std::size_t Poll(std::span<WorkCompletion> out);
+  // Poll; when the CQ is empty, first gives every registered driver one
+  // turn on this thread (ibv_poll_cq: an application spinning on the CQ
+  // makes receive progress itself instead of waiting for the progress
+  // thread to be scheduled). Only one thread drives at a time; the others,
+  // and calls made from inside a driver (callbacks), only poll.
+  std::size_t PollWithProgress(std::span<WorkCompletion> out);
+
+  // Drivers, normally the QPs that complete work here. AddDriver ignores a
+  // driver already present. RemoveDriver returns once no thread is inside
+  // that driver's turn any more; not from inside a driver.
+  void AddDriver(PollDriver* driver);
+  void RemoveDriver(PollDriver* driver);
 
   // Takes the queued entries of QP `qp_num` out (ibv_destroy_qp), keeping
   // the order of the others; returns how many went. Entries pushed later
@@ -176,6 +197,11 @@ class CompletionQueue {
   CqArm arm_ = CqArm::kNone;          // guarded by mutex_
   std::atomic<std::size_t> count_{0};  // written under mutex_
   std::atomic<bool> in_error_{false};  // written under mutex_
+
+  // Held by the driving thread for the whole turn, so RemoveDriver waits for
+  // it; polling threads only try it.
+  std::mutex drivers_mutex_;
+  std::vector<PollDriver*> drivers_;  // guarded by drivers_mutex_
 };
 
 }  // namespace siwx::engine

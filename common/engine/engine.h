@@ -4,12 +4,15 @@
 //
 // The progress thread blocks in epoll_wait on every bound QP's socket and on
 // a Doorbell (eventfd); it never busy-polls (research/perf-anchors.md 2.7:
-// spinning engine threads destroy latency on a 2-vCPU host). It does all
+// spinning engine threads destroy latency on a 2-vCPU host). It does the
 // receive processing (so an RDMA Write target makes progress while its
-// application does nothing), produces Read Responses, continues transmitting
-// when a socket becomes writable, and runs the commands application threads
-// hand it (attach a stream, finalize a QP after an error or close, detach
-// on destroy, flush receives, take over a transmit turn).
+// application does nothing) unless an application thread that polls one of
+// the QP's CQs empty takes that turn itself (Qp::DriveFromPoll: a thread
+// spinning in ibv_poll_cq needs no wake-up of this one). It produces Read
+// Responses, continues transmitting when a socket becomes writable, and
+// runs the commands application threads hand it (attach a stream, finalize
+// a QP after an error or close, detach on destroy, flush receives, take
+// over a transmit turn).
 //
 // Ownership and ordering: `registry_mutex_` guards the QP map and the qp_num
 // counter; the map holds a shared_ptr to every live QP, which keeps a QP

@@ -14,6 +14,12 @@ namespace {
 // made from inside a pump (callbacks) never wait for the progress thread,
 // which may itself be waiting for this gate.
 thread_local const Qp* tls_tx_owner = nullptr;
+// The QP whose receive side this application thread is driving from a poll
+// (DriveFromPoll): Destroy and Modify from a callback inside it must not
+// wait for the progress thread, which may be waiting for its rx_mutex_.
+thread_local const Qp* tls_rx_driver = nullptr;
+
+bool InsideEngineTurn() { return tls_tx_owner != nullptr || tls_rx_driver != nullptr; }
 
 WcOpcode WcOpcodeOf(SendOpcode opcode) {
   switch (opcode) {
@@ -218,7 +224,7 @@ QpStatus Qp::Modify(QpState target, std::optional<QpState> expected_current) {
     if ((t.actions & kQpActionAbortLlp) != 0) flags |= kFinalizeAbort;
     if ((t.actions & kQpActionDiscardQueues) != 0) flags |= kFinalizeDiscard | kFinalizeAbort;
     Engine::Command command{Engine::CommandKind::kFinalize, shared_from_this(), flags};
-    if (tls_tx_owner != nullptr) {
+    if (InsideEngineTurn()) {
       engine_->Submit(std::move(command));
     } else {
       engine_->SubmitAndWait(std::move(command));
@@ -284,7 +290,7 @@ bool Qp::Disconnect() { return Modify(QpState::kClosing) == QpStatus::kOk; }
 void Qp::Destroy() {
   if (destroyed_.exchange(true, std::memory_order_acq_rel)) return;
   Engine::Command command{Engine::CommandKind::kDetach, shared_from_this(), 0};
-  if (tls_tx_owner != nullptr) {
+  if (InsideEngineTurn()) {
     engine_->Submit(std::move(command));
   } else {
     engine_->SubmitAndWait(std::move(command));
@@ -464,20 +470,28 @@ void Qp::Attach() {
     params = params_;
   }
   if (!stream) return;
-  LockTxExclusive();
-  stream_ = std::move(stream);
   int add_error;
   {
-    std::lock_guard lock(poll_mutex_);
-    poll_fd_ = stream_->fd();
-    want_write_ = false;
-    read_closed_ = false;
-    add_error = engine_->poller().Add(poll_fd_, this, /*want_read=*/true, /*want_write=*/false);
-    polled_ = add_error == 0;
+    std::lock_guard rx_lock(rx_mutex_);
+    LockTxExclusive();
+    stream_ = std::move(stream);
+    {
+      std::lock_guard lock(poll_mutex_);
+      poll_fd_ = stream_->fd();
+      want_write_ = false;
+      read_closed_ = false;
+      add_error = engine_->poller().Add(poll_fd_, this, /*want_read=*/true, /*want_write=*/false);
+      polled_ = add_error == 0;
+    }
+    rx_.Start(params);
+    attached_ = true;
+    UnlockTxExclusive();
   }
-  rx_.Start(params);
-  attached_ = true;
-  UnlockTxExclusive();
+  if (!driven_) {
+    config_.recv_cq->AddDriver(this);
+    if (config_.send_cq != config_.recv_cq) config_.send_cq->AddDriver(this);
+    driven_ = true;
+  }
   if (add_error != 0) {
     ErrorReport report;
     report.cause = rdmap::TerminateCause::MpaLocalCatastrophic();
@@ -491,6 +505,9 @@ void Qp::Attach() {
 
 void Qp::Finalize(std::uint32_t flags) {
   if (detached_) return;
+  // Held throughout: no receive turn may complete anything between the
+  // flush and finalized_ (and callbacks here run on the progress thread).
+  std::lock_guard rx_lock(rx_mutex_);
   const bool abort = (flags & kFinalizeAbort) != 0;
   const bool discard = (flags & kFinalizeDiscard) != 0;
   if (finalized_ && !discard) {
@@ -572,22 +589,33 @@ void Qp::Finalize(std::uint32_t flags) {
 
 void Qp::Detach() {
   if (detached_) return;
-  LockTxExclusive();
-  tx_.Stop();
-  if (stream_) {
-    StopPolling();
-    stream_->Abort();
-    stream_.reset();
+  {
+    std::lock_guard rx_lock(rx_mutex_);
+    LockTxExclusive();
+    tx_.Stop();
+    if (stream_) {
+      StopPolling();
+      stream_->Abort();
+      stream_.reset();
+    }
+    rx_.Stop();
+    detached_ = true;
+    UnlockTxExclusive();
   }
-  rx_.Stop();
-  detached_ = true;
-  UnlockTxExclusive();
+  if (driven_) {
+    // Waits for a poll that is inside DriveFromPoll; after this no
+    // application thread reaches the QP through its CQs.
+    config_.recv_cq->RemoveDriver(this);
+    if (config_.send_cq != config_.recv_cq) config_.send_cq->RemoveDriver(this);
+    driven_ = false;
+  }
   std::lock_guard lock(queue_mutex_);
   pending_stream_.reset();
 }
 
 void Qp::FlushReceives() {
   if (detached_ || !own_rq_ || state_.state() != QpState::kError) return;
+  std::lock_guard rx_lock(rx_mutex_);
   for (const ReceiveWorkRequest& wr : own_rq_->Flush()) {
     WorkCompletion wc;
     wc.wr_id = wr.wr_id;
@@ -601,6 +629,8 @@ void Qp::FlushReceives() {
 void Qp::OnPollEvent(bool readable, bool writable, bool hangup) {
   if (detached_ || !stream_) return;
   if (writable) KickTx();
+  // Waits out a receive turn an application thread may be taking.
+  std::lock_guard rx_lock(rx_mutex_);
   if ((readable || hangup) && stream_) rx_.OnReadable(*stream_);
   // A drained stream of a finalized QP is closed once the peer closed too.
   if (finalized_ && rx_.eof() && stream_) {
@@ -609,6 +639,19 @@ void Qp::OnPollEvent(bool readable, bool writable, bool hangup) {
     stream_.reset();
     UnlockTxExclusive();
   }
+}
+
+void Qp::DriveFromPoll() {
+  // The progress thread receives anyway; a nested call (callback) must not.
+  if (destroyed_.load(std::memory_order_acquire) || tls_rx_driver != nullptr ||
+      engine_->OnProgressThread() || !ProcessesInbound(state_.state())) {
+    return;
+  }
+  std::unique_lock rx_lock(rx_mutex_, std::try_to_lock);
+  if (!rx_lock.owns_lock() || !attached_ || finalized_ || detached_ || !stream_) return;
+  tls_rx_driver = this;
+  rx_.OnReadable(*stream_);
+  tls_rx_driver = nullptr;
 }
 
 bool Qp::SetWriteInterest(bool want) {

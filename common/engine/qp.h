@@ -27,10 +27,13 @@
 //
 // Threading. Three kinds of threads touch a QP:
 //  - application threads: posts, Modify, Query, Bind, Disconnect, Destroy;
-//  - the engine's progress thread: all receive processing (QpRx), the
-//    commands below, and transmit when the socket becomes writable;
+//  - the engine's progress thread: receive processing (QpRx), the commands
+//    below, and transmit when the socket becomes writable;
 //  - whichever thread currently owns the transmit gate (QpTx): an
-//    application thread posting inline, or the progress thread.
+//    application thread posting inline, or the progress thread;
+//  - whichever thread holds the receive lock (`rx_mutex_`, QpRx): the
+//    progress thread, or an application thread polling one of the QP's CQs
+//    empty (DriveFromPoll), which only tries the lock.
 // The transmit gate (`tx_gate_`) is a counter: the thread that moves it from
 // 0 owns the transmit side and runs QpTx::Pump until no kick is left; a
 // thread that finds it non-zero only adds its kick and returns, and the
@@ -49,13 +52,15 @@
 //  - completion order: SQ completions are pushed by whichever thread owns
 //    the completion gate (`sq_cq_gate_`, same counter scheme), so they reach
 //    the CQ in WR order even when transmit and receive both complete WRs.
-//    Receive completions are pushed on the progress thread only.
+//    Receive completions are pushed by the rx_mutex_ holder only.
 // Lock order: none is held while taking another, except info_mutex_ ->
-// queue_mutex_ (error bookkeeping marks the failing WR).
+// queue_mutex_ (error bookkeeping marks the failing WR) and rx_mutex_ ->
+// any of the others and the transmit gate.
 //
 // Callbacks (CQ notifications, SRQ limit, async events) run without any of
-// these locks, possibly on an application thread inside PostSend. They may
-// post, poll and re-arm; Destroy from inside one does not wait.
+// these locks except rx_mutex_ (for what the receive side completes),
+// possibly on an application thread inside PostSend or PollWithProgress.
+// They may post, poll and re-arm; Destroy from inside one does not wait.
 //
 // Not validated here: that the stream parameters match what MPA negotiated
 // (the CM's job), and the content of buffers (the CRC is computed when an
@@ -174,9 +179,9 @@ struct QpAttributes {
   std::uint32_t sq_outstanding = 0;  // posted send WRs not yet completed
 };
 
-class Qp : public std::enable_shared_from_this<Qp> {
+class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
  public:
-  ~Qp();
+  ~Qp() override;
   Qp(const Qp&) = delete;
   Qp& operator=(const Qp&) = delete;
 
@@ -217,6 +222,13 @@ class Qp : public std::enable_shared_from_this<Qp> {
 
   // Lets the caller (e.g. poll_cq) give the transmit side a turn.
   void ProgressSend() { KickTx(); }
+
+  // One receive turn on the calling application thread, called by a CQ
+  // this QP completes work on when it is polled empty (PollWithProgress):
+  // reads what the socket holds and completes it here, without waiting for
+  // the progress thread to be scheduled. Does nothing when another thread
+  // is in the receive side, on the progress thread, or outside RTS.
+  void DriveFromPoll() override;
 
  private:
   friend class Engine;
@@ -359,11 +371,17 @@ class Qp : public std::enable_shared_from_this<Qp> {
   std::unique_ptr<transport::TcpStream> stream_;
   QpTx tx_;
 
-  // Progress thread only.
-  QpRx rx_;
-  bool attached_ = false;      // progress thread
-  bool finalized_ = false;     // progress thread: Finalize ran
-  bool detached_ = false;      // progress thread
+  // The receive side runs on the progress thread, or on an application
+  // thread in DriveFromPoll, always with rx_mutex_ held (application
+  // threads only try it). The flags below are written by the progress
+  // thread with rx_mutex_ held, so the progress thread reads them freely and
+  // others under rx_mutex_. Lock order: rx_mutex_ before the transmit gate.
+  std::mutex rx_mutex_;
+  QpRx rx_;                    // guarded by rx_mutex_
+  bool attached_ = false;      // written by the progress thread under rx_mutex_
+  bool finalized_ = false;     // same: Finalize ran
+  bool detached_ = false;      // same
+  bool driven_ = false;        // progress thread: registered with the CQs as a driver
 
   // Counters: single writer each (gate holder for tx_*, progress thread for
   // rx_*), relaxed atomics so readers need no lock.

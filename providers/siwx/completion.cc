@@ -232,7 +232,11 @@ int PollCq(ibv_cq* ibcq, int num_entries, ibv_wc* wc) noexcept {
   while (done < num_entries) {
     const std::size_t want = std::min<std::size_t>(std::size(batch),
                                                    static_cast<std::size_t>(num_entries - done));
-    const std::size_t got = cq->queue->Poll(std::span<engine::WorkCompletion>(batch, want));
+    // An empty CQ gives its QPs' receive sides a turn on this thread first:
+    // an application spinning here (ib_send_lat, ib_read_lat) completes its
+    // own receives instead of waiting for the progress thread's wake-up.
+    const std::span<engine::WorkCompletion> out(batch, want);
+    const std::size_t got = done == 0 ? cq->queue->PollWithProgress(out) : cq->queue->Poll(out);
     for (std::size_t i = 0; i < got; ++i) ToVerbs(batch[i], &wc[done + static_cast<int>(i)]);
     done += static_cast<int>(got);
     if (got < want) break;

@@ -637,9 +637,15 @@ TEST_P(SegmentationTest, DataAndCompletionsDoNotDependOnHowTheStreamIsCut) {
     exchange.Post();
     exchange.WaitAndVerify(std::chrono::seconds(60));
     ExpectBalanced(a, b);
-    // The relay forwarded every octet each side wrote.
+    // The relay forwarded every octet each side wrote. It counts an octet
+    // after writing it, so the peer may complete on it before the count
+    // moves: wait for the count.
     const QpCounters ca = a.qp->Counters();
     const QpCounters cb = b.qp->Counters();
+    WaitUntil([&] {
+      return relay.counts(Relay::kAtoB).forwarded == ca.tx_octets &&
+             relay.counts(Relay::kBtoA).forwarded == cb.tx_octets;
+    });
     EXPECT_EQ(relay.counts(Relay::kAtoB).forwarded, ca.tx_octets);
     EXPECT_EQ(relay.counts(Relay::kBtoA).forwarded, cb.tx_octets);
     if (octets) {
