@@ -1191,11 +1191,15 @@ void Core::DrainStreamNotes() {
 
 bool Core::HasUnpolledCompletions(CmId* id) {
   const ProviderHandover& provider = GetProviderHandover();
-  if (provider.unpolled == nullptr) return false;
-  ibv_qp* qp = BoundQp(id);
-  if (qp == nullptr) return false;  // destroyed: nothing of it is left to poll
+  if (provider.unpolled == nullptr || !id->stream_bound || id->bound_qp == nullptr ||
+      id->pub.verbs == nullptr) {
+    return false;
+  }
+  // By number: the application may destroy the QP with ibv_destroy_qp at
+  // any time, and this runs on the CM's thread. A QP that is gone leaves
+  // nothing to poll.
   std::uint32_t count = 0;
-  return provider.unpolled(qp, &count) == 0 && count > 0;
+  return provider.unpolled(id->pub.verbs, id->bound_qp_num, &count) == 0 && count > 0;
 }
 
 void Core::ReleaseHeldDisconnects(TimePoint now) {

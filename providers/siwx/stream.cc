@@ -201,12 +201,20 @@ int siwx_qp_disconnect_stream(ibv_qp* ibqp, int abortive) {
   return 0;
 }
 
-int siwx_qp_unpolled_completions(ibv_qp* ibqp, uint32_t* count) {
-  Qp* qp = siwx::provider::OurQp(ibqp);
-  if (qp == nullptr || count == nullptr) return EINVAL;
-  const std::uint32_t qp_num = qp->vqp.qp.qp_num;
-  std::size_t n = qp->send_cq->queue->CountSuccessful(qp_num);
-  if (qp->recv_cq != qp->send_cq) n += qp->recv_cq->queue->CountSuccessful(qp_num);
+int siwx_qp_unpolled_completions(ibv_context* context, uint32_t qp_num, uint32_t* count) {
+  if (count == nullptr || !siwx::provider::IsSiwxContext(context)) return EINVAL;
+  *count = 0;
+  siwx::provider::ContextState* state = siwx::provider::ToSiwx(context)->state;
+  if (state == nullptr) return ENOENT;
+  // Under qp_mutex: DestroyQp takes the QP out of the map before it frees
+  // it, so the QP and its CQs stay valid while we count (the caller may be
+  // racing an ibv_destroy_qp it does not know about).
+  std::lock_guard<std::mutex> lock(state->qp_mutex);
+  const auto it = state->qps.find(qp_num);
+  if (it == state->qps.end()) return ENOENT;
+  const Qp& qp = *it->second;
+  std::size_t n = qp.send_cq->queue->CountSuccessful(qp_num);
+  if (qp.recv_cq != qp.send_cq) n += qp.recv_cq->queue->CountSuccessful(qp_num);
   *count = static_cast<uint32_t>(std::min<std::size_t>(n, UINT32_MAX));
   return 0;
 }
