@@ -1173,13 +1173,61 @@ void Core::DrainStreamNotes() {
     if (!id->stream_bound) continue;
     SIWX_LOG(kDebug, "CEP[%llu] stream %s (errno %d)", static_cast<unsigned long long>(id->handle),
              n.event == SIWX_STREAM_EVENT_CLOSED ? "closed" : "failed", n.error);
-    PeerClosed(id, n.event == SIWX_STREAM_EVENT_CLOSED ? 0 : n.error);
+    const int error = n.event == SIWX_STREAM_EVENT_CLOSED ? 0 : n.error;
+    // The peer's last messages reach the CQ just before its close: an
+    // application that polls the CQ empty and then reads this channel
+    // (libfabric's ofi_rxm) would see DISCONNECTED first, destroy the QP and
+    // lose them with it. So DISCONNECTED waits for them to be polled.
+    if (!id->disconnect_posted && HasUnpolledCompletions(id)) {
+      id->disconnect_held_until = Clock::now() + kDisconnectHold;
+      id->held_disconnect_error = error;
+      SIWX_LOG(kDebug, "CEP[%llu] DISCONNECTED held until the QP's completions are polled",
+               static_cast<unsigned long long>(id->handle));
+      continue;
+    }
+    PeerClosed(id, error);
+  }
+}
+
+bool Core::HasUnpolledCompletions(CmId* id) {
+  const ProviderHandover& provider = GetProviderHandover();
+  if (provider.unpolled == nullptr || !id->stream_bound || id->bound_qp == nullptr ||
+      id->pub.verbs == nullptr) {
+    return false;
+  }
+  // By number: the application may destroy the QP with ibv_destroy_qp at
+  // any time, and this runs on the CM's thread. A QP that is gone leaves
+  // nothing to poll.
+  std::uint32_t count = 0;
+  return provider.unpolled(id->pub.verbs, id->bound_qp_num, &count) == 0 && count > 0;
+}
+
+void Core::ReleaseHeldDisconnects(TimePoint now) {
+  // Handles, not pointers, as in OnTimers.
+  std::vector<std::uint64_t> held;
+  for (auto& [handle, id] : by_handle_) {
+    if (id->disconnect_held_until) held.push_back(handle);
+  }
+  for (std::uint64_t handle : held) {
+    const auto it = by_handle_.find(handle);
+    if (it == by_handle_.end()) continue;
+    CmId* id = it->second;
+    const bool expired = *id->disconnect_held_until <= now;
+    if (!expired && !id->disconnect_posted && HasUnpolledCompletions(id)) continue;
+    if (expired) {
+      SIWX_LOG(kDebug, "CEP[%llu] DISCONNECTED after %lld ms with completions still unpolled",
+               static_cast<unsigned long long>(id->handle),
+               static_cast<long long>(kDisconnectHold.count()));
+    }
+    id->disconnect_held_until.reset();
+    PeerClosed(id, id->held_disconnect_error);  // posts nothing after rdma_disconnect
   }
 }
 
 // ---- Timers ----
 
 void Core::OnTimers(TimePoint now) {
+  ReleaseHeldDisconnects(now);
   // Handles, not pointers: handling one expiry may destroy an id.
   std::vector<std::uint64_t> due;
   for (auto& [handle, id] : by_handle_) {
@@ -1223,6 +1271,10 @@ int Core::NextTimeoutMs(TimePoint now) {
     }
   }
   for (auto& [handle, l] : lingers_) consider(l.deadline);
+  for (auto& [handle, id] : by_handle_) {
+    // Polling by the application is not an event here: look again soon.
+    if (id->disconnect_held_until) consider(std::min(*id->disconnect_held_until, now + kDisconnectRecheck));
+  }
   if (!next) return -1;
   if (*next <= now) return 0;
   const auto ms = std::chrono::ceil<std::chrono::milliseconds>(*next - now).count();

@@ -178,6 +178,11 @@ struct CmId {
   ibv_qp* bound_qp = nullptr;
   std::uint32_t bound_qp_num = 0;
   bool disconnect_posted = false;
+  // The peer closed or reset the stream while the QP's CQs still held
+  // successful completions the application had not polled: DISCONNECTED
+  // waits until they are polled, or until this time (Core::kDisconnectHold).
+  std::optional<TimePoint> disconnect_held_until;
+  int held_disconnect_error = 0;
 
   std::optional<ibv_qp_init_attr> ep_qp_init_attr;  // rdma_create_ep, passive
 };
@@ -185,6 +190,11 @@ struct CmId {
 class Core {
  public:
   static Core& Get();
+
+  // How long a peer's DISCONNECTED waits at most for the application to
+  // poll what the QP completed before the close, and how often the CM looks.
+  static constexpr std::chrono::milliseconds kDisconnectHold{500};
+  static constexpr std::chrono::milliseconds kDisconnectRecheck{1};
 
   // All return 0 or a positive errno value.
   int CreateChannel(rdma_event_channel** out);
@@ -280,6 +290,10 @@ class Core {
   void EndBoundStream(CmId* id, bool abortive);
   void SendTerminate(CmId* id, mpa::MpaError error);
   void OnTimers(TimePoint now);
+  // True while the id's bound QP has successful completions in its CQs that
+  // the application has not polled yet.
+  bool HasUnpolledCompletions(CmId* id);
+  void ReleaseHeldDisconnects(TimePoint now);
   int NextTimeoutMs(TimePoint now);
   void DrainStreamNotes();
   int WaitSync(rdma_cm_id* pub);

@@ -35,6 +35,8 @@ const ProviderHandover& GetProviderHandover() {
     h.disconnect =
         reinterpret_cast<siwx_qp_disconnect_stream_fn>(FindSymbol("siwx_qp_disconnect_stream"));
     h.lookup = reinterpret_cast<siwx_qp_lookup_fn>(FindSymbol("siwx_qp_lookup"));
+    h.unpolled = reinterpret_cast<siwx_qp_unpolled_completions_fn>(
+        FindSymbol("siwx_qp_unpolled_completions"));
     if (h.bind == nullptr) {
       SIWX_LOG(kInfo, "CM: the provider exports no siwx_qp_bind_stream; connections stay in "
                       "the CM (CM-only mode, no data path)");

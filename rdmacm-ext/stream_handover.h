@@ -17,6 +17,7 @@ struct ProviderHandover {
   siwx_qp_bind_stream_fn bind = nullptr;
   siwx_qp_disconnect_stream_fn disconnect = nullptr;
   siwx_qp_lookup_fn lookup = nullptr;
+  siwx_qp_unpolled_completions_fn unpolled = nullptr;  // null: disconnects are never held
 };
 
 // Looked up once per process.

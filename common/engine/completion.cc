@@ -112,6 +112,17 @@ std::size_t CompletionQueue::RemoveQp(std::uint32_t qp_num, QpEntries which) {
   return count - kept;
 }
 
+std::size_t CompletionQueue::CountSuccessful(std::uint32_t qp_num) const {
+  std::lock_guard lock(mutex_);
+  const std::size_t count = count_.load(std::memory_order_relaxed);
+  std::size_t found = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    const WorkCompletion& wc = ring_[(head_ + i) % capacity_];
+    if (wc.qp_num == qp_num && wc.status == WcStatus::kSuccess) ++found;
+  }
+  return found;
+}
+
 std::size_t CompletionQueue::PollWithProgress(std::span<WorkCompletion> out) {
   const std::size_t n = Poll(out);
   if (n > 0 || out.empty() || tls_driving) return n;

@@ -179,6 +179,10 @@ class CompletionQueue {
   // the order of the others; returns how many went. Entries pushed later
   // are not affected: the caller makes sure the QP pushes no more first.
   std::size_t RemoveQp(std::uint32_t qp_num, QpEntries which);
+  // How many successful entries of one QP are queued, not yet polled. The
+  // connection manager holds a peer's disconnect back while there are any
+  // (siwx_qp_unpolled_completions).
+  std::size_t CountSuccessful(std::uint32_t qp_num) const;
 
   // ibv_req_notify_cq. kNone disarms.
   void Arm(CqArm arm);

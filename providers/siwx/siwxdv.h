@@ -119,6 +119,14 @@ int siwx_qp_bind_stream(struct ibv_qp *qp, int fd, const struct siwx_stream_para
  * callback reports the end. 0, EINVAL (no stream bound). */
 int siwx_qp_disconnect_stream(struct ibv_qp *qp, int abortive);
 
+/* How many successful completions of the QP numbered `qp_num` on `context`
+ * its CQs still hold, not yet polled, in `*count`. By number, so that a
+ * caller racing the application's ibv_destroy_qp never touches a freed QP. The CM holds a peer's disconnect back while there are
+ * any: an application that polls its CQ empty before it reads the event
+ * channel (libfabric's ofi_rxm) would otherwise see the peer's last message
+ * arrive behind RDMA_CM_EVENT_DISCONNECTED and lose it when it destroys the
+ * QP. 0, EINVAL (not a siwx context, count NULL), ENOENT (no such QP). */
+int siwx_qp_unpolled_completions(struct ibv_context *context, uint32_t qp_num, uint32_t *count);
 /* The siwx QP with this number on `context`, for rdma_accept() and
  * rdma_establish() with a QP the application created itself
  * (rdma_conn_param.qp_num). NULL with errno ENOENT or EINVAL. */
@@ -129,6 +137,7 @@ typedef int (*siwx_qp_bind_stream_fn)(struct ibv_qp *, int, const struct siwx_st
 				      const struct siwx_stream_notify *);
 typedef int (*siwx_qp_disconnect_stream_fn)(struct ibv_qp *, int);
 typedef struct ibv_qp *(*siwx_qp_lookup_fn)(struct ibv_context *, uint32_t);
+typedef int (*siwx_qp_unpolled_completions_fn)(struct ibv_context *, uint32_t, uint32_t *);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,7 @@
 // siwxdv.h: the connection manager hands a connected, MPA-negotiated TCP
-// socket to a QP (siwx_qp_bind_stream), ends it (siwx_qp_disconnect_stream)
-// and finds QPs by number (siwx_qp_lookup). Translation only: the engine QP
+// socket to a QP (siwx_qp_bind_stream), ends it (siwx_qp_disconnect_stream),
+// counts what its CQs still hold for it (siwx_qp_unpolled_completions) and
+// finds QPs by number (siwx_qp_lookup). Translation only: the engine QP
 // does the binding (engine::Qp::Bind) and reports the stream's end through
 // the context's engine callback (qp.cc, OnEngineEvent), which calls the
 // notify the CM passed here, once per stream.
@@ -20,7 +21,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -195,6 +198,24 @@ int siwx_qp_disconnect_stream(ibv_qp* ibqp, int abortive) {
   } catch (...) {
     return ENOMEM;
   }
+  return 0;
+}
+
+int siwx_qp_unpolled_completions(ibv_context* context, uint32_t qp_num, uint32_t* count) {
+  if (count == nullptr || !siwx::provider::IsSiwxContext(context)) return EINVAL;
+  *count = 0;
+  siwx::provider::ContextState* state = siwx::provider::ToSiwx(context)->state;
+  if (state == nullptr) return ENOENT;
+  // Under qp_mutex: DestroyQp takes the QP out of the map before it frees
+  // it, so the QP and its CQs stay valid while we count (the caller may be
+  // racing an ibv_destroy_qp it does not know about).
+  std::lock_guard<std::mutex> lock(state->qp_mutex);
+  const auto it = state->qps.find(qp_num);
+  if (it == state->qps.end()) return ENOENT;
+  const Qp& qp = *it->second;
+  std::size_t n = qp.send_cq->queue->CountSuccessful(qp_num);
+  if (qp.recv_cq != qp.send_cq) n += qp.recv_cq->queue->CountSuccessful(qp_num);
+  *count = static_cast<uint32_t>(std::min<std::size_t>(n, UINT32_MAX));
   return 0;
 }
 

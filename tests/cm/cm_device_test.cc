@@ -9,6 +9,7 @@
 
 #include "common/engine/stream_params.h"
 #include "common/wire/fpdu.h"
+#include "rdmacm-ext/cm_core.h"
 #include "tests/cm/cm_test_util.h"
 
 namespace siwx::cm::test {
@@ -339,6 +340,137 @@ TEST_F(CmDevice, EstablishedStreamsGoToTheQp) {
   c.Stop();
   l.Stop();
   ExpectNoLeaks();
+}
+
+// A connected pair whose Responder QP has one Send of the Initiator in its
+// receive CQ, not yet polled, and whose Initiator destroyed its QP and id
+// right after its Send completed (a reset, as ofi_rxm closing a connection).
+// The Responder's first poll found the CQ empty, before the Send was posted.
+class CmDevicePeerGone : public CmDevice {
+ protected:
+  // Skips or fails the test when no bound pair can be made.
+  void Connect() {
+    if (dlsym(RTLD_DEFAULT, "siwx_qp_unpolled_completions") == nullptr) {
+      GTEST_SKIP() << "the provider does not count unpolled completions (CM-only mode)";
+    }
+    l_.Start();
+    c_.Resolve(l_.port);
+    ibv_qp_init_attr attr{};
+    attr.qp_type = IBV_QPT_RC;
+    attr.cap.max_send_wr = attr.cap.max_recv_wr = 4;
+    attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
+    if (!CreateQp(c_.id, &attr)) {
+      if (provider_missing_) GTEST_SKIP() << "the provider does not create CQs/QPs yet";
+      return;
+    }
+    EXPECT_EQ(c_.Connect(), 0);
+    server_ = Expect(l_.channel, RDMA_CM_EVENT_CONNECT_REQUEST).id;
+    if (server_ == nullptr) return;
+    ibv_qp_init_attr sattr{};
+    sattr.qp_type = IBV_QPT_RC;
+    sattr.cap.max_send_wr = sattr.cap.max_recv_wr = 4;
+    sattr.cap.max_send_sge = sattr.cap.max_recv_sge = 1;
+    if (!CreateQp(server_, &sattr)) return;
+    EXPECT_EQ(rdma_accept(server_, nullptr), 0);
+    Expect(l_.channel, RDMA_CM_EVENT_ESTABLISHED);
+    Expect(c_.channel, RDMA_CM_EVENT_ESTABLISHED);
+  }
+
+  // Posts the receive, polls it empty, sends, and lets the Initiator go.
+  void SendAndVanish() {
+    const int access = IBV_ACCESS_LOCAL_WRITE;
+    out_mr_ = ibv_reg_mr(c_.id->pd, out_, sizeof(out_), access);
+    in_mr_ = ibv_reg_mr(server_->pd, in_, sizeof(in_), access);
+    ASSERT_NE(out_mr_, nullptr);
+    ASSERT_NE(in_mr_, nullptr);
+    ibv_sge rsge{reinterpret_cast<std::uintptr_t>(in_), sizeof(in_), in_mr_->lkey};
+    ibv_recv_wr rwr{};
+    rwr.wr_id = 7;
+    rwr.sg_list = &rsge;
+    rwr.num_sge = 1;
+    ibv_recv_wr* bad_r = nullptr;
+    ASSERT_EQ(ibv_post_recv(server_->qp, &rwr, &bad_r), 0);
+    ibv_wc wc{};
+    ASSERT_EQ(ibv_poll_cq(server_->recv_cq, 1, &wc), 0);
+    ibv_sge ssge{reinterpret_cast<std::uintptr_t>(out_), sizeof(out_), out_mr_->lkey};
+    ibv_send_wr swr{};
+    swr.wr_id = 9;
+    swr.sg_list = &ssge;
+    swr.num_sge = 1;
+    swr.opcode = IBV_WR_SEND;
+    swr.send_flags = IBV_SEND_SIGNALED;
+    ibv_send_wr* bad_s = nullptr;
+    ASSERT_EQ(ibv_post_send(c_.id->qp, &swr, &bad_s), 0);
+    ASSERT_TRUE(WaitFor([&] { return ibv_poll_cq(c_.id->send_cq, 1, &wc) == 1; }, 3000ms));
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+    vanished_at_ = std::chrono::steady_clock::now();
+    rdma_destroy_qp(c_.id);
+    c_.Stop();  // rdma_destroy_id of a connected id: a reset
+  }
+
+  // The received Send, polled now.
+  void ExpectReceived() {
+    ibv_wc wc{};
+    ASSERT_EQ(ibv_poll_cq(server_->recv_cq, 1, &wc), 1);
+    EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+    EXPECT_EQ(wc.wr_id, 7u);
+    EXPECT_EQ(wc.byte_len, sizeof(out_));
+    EXPECT_STREQ(in_, "the last word");
+  }
+
+  void TearDown() override {
+    if (server_ != nullptr) {
+      rdma_destroy_qp(server_);
+      EXPECT_EQ(rdma_destroy_id(server_), 0);
+    }
+    if (out_mr_ != nullptr) ibv_dereg_mr(out_mr_);
+    if (in_mr_ != nullptr) ibv_dereg_mr(in_mr_);
+    c_.Stop();
+    l_.Stop();
+    if (!IsSkipped()) ExpectNoLeaks();
+  }
+
+  bool EventReady() {
+    pollfd p{l_.channel->fd, POLLIN, 0};
+    return poll(&p, 1, 0) == 1;
+  }
+
+  Listener l_;
+  Client c_;
+  rdma_cm_id* server_ = nullptr;
+  char out_[14] = "the last word";
+  char in_[14] = {};
+  ibv_mr* out_mr_ = nullptr;
+  ibv_mr* in_mr_ = nullptr;
+  std::chrono::steady_clock::time_point vanished_at_;
+};
+
+// ofi_rxm polls its CQ empty and then reads the event channel; on
+// DISCONNECTED it destroys the QP, and with it whatever the CQ still holds.
+// So the peer's last message must be polled before DISCONNECTED is readable
+// (the fi_pingpong -e rdm hang: the peer's "fin" message was lost that way).
+TEST_F(CmDevicePeerGone, DisconnectedWaitsUntilTheReceiveIsPolled) {
+  Connect();
+  if (IsSkipped() || HasFailure()) return;
+  SendAndVanish();
+  // Time for the Send, the reset and the stream's end to reach the CM.
+  std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(EventReady()) << "DISCONNECTED readable while a received Send is unpolled";
+  ExpectReceived();
+  const EventCopy e = Expect(l_.channel, RDMA_CM_EVENT_DISCONNECTED, 3000ms);
+  EXPECT_EQ(e.id, server_);
+}
+
+// An application that never polls still gets DISCONNECTED, after the hold,
+// and the completion is still there to poll.
+TEST_F(CmDevicePeerGone, DisconnectedComesAfterTheHoldWithoutPolling) {
+  Connect();
+  if (IsSkipped() || HasFailure()) return;
+  SendAndVanish();
+  const EventCopy e = Expect(l_.channel, RDMA_CM_EVENT_DISCONNECTED, 5000ms);
+  EXPECT_EQ(e.id, server_);
+  EXPECT_GE(std::chrono::steady_clock::now() - vanished_at_, Core::kDisconnectHold);
+  ExpectReceived();
 }
 
 // SIWX_MPA_LARGE_FPDUS end to end: what the two startup frames agreed
