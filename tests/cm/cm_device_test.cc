@@ -15,6 +15,15 @@
 namespace siwx::cm::test {
 namespace {
 
+// An RC QP with room for 4 WRs of one SGE each way: what these tests post.
+ibv_qp_init_attr SmallRcQpAttr() {
+  ibv_qp_init_attr attr{};
+  attr.qp_type = IBV_QPT_RC;
+  attr.cap.max_send_wr = attr.cap.max_recv_wr = 4;
+  attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
+  return attr;
+}
+
 class CmDevice : public LeakCheck {
  protected:
   void SetUp() override {
@@ -265,10 +274,7 @@ TEST_F(CmDevice, EstablishedStreamsGoToTheQp) {
   l.Start();
   Client c;
   c.Resolve(l.port);
-  ibv_qp_init_attr attr{};
-  attr.qp_type = IBV_QPT_RC;
-  attr.cap.max_send_wr = attr.cap.max_recv_wr = 4;
-  attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
+  ibv_qp_init_attr attr = SmallRcQpAttr();
   if (!CreateQp(c.id, &attr)) {
     c.Stop();
     l.Stop();
@@ -278,10 +284,7 @@ TEST_F(CmDevice, EstablishedStreamsGoToTheQp) {
   ASSERT_EQ(c.Connect(), 0);
   const EventCopy req = Expect(l.channel, RDMA_CM_EVENT_CONNECT_REQUEST);
   ASSERT_NE(req.id, nullptr);
-  ibv_qp_init_attr sattr{};
-  sattr.qp_type = IBV_QPT_RC;
-  sattr.cap.max_send_wr = sattr.cap.max_recv_wr = 4;
-  sattr.cap.max_send_sge = sattr.cap.max_recv_sge = 1;
+  ibv_qp_init_attr sattr = SmallRcQpAttr();
   ASSERT_TRUE(CreateQp(req.id, &sattr));
   ASSERT_EQ(rdma_accept(req.id, nullptr), 0);
   Expect(l.channel, RDMA_CM_EVENT_ESTABLISHED);
@@ -355,10 +358,7 @@ class CmDevicePeerGone : public CmDevice {
     }
     l_.Start();
     c_.Resolve(l_.port);
-    ibv_qp_init_attr attr{};
-    attr.qp_type = IBV_QPT_RC;
-    attr.cap.max_send_wr = attr.cap.max_recv_wr = 4;
-    attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
+    ibv_qp_init_attr attr = SmallRcQpAttr();
     if (!CreateQp(c_.id, &attr)) {
       if (provider_missing_) GTEST_SKIP() << "the provider does not create CQs/QPs yet";
       return;
@@ -366,10 +366,7 @@ class CmDevicePeerGone : public CmDevice {
     EXPECT_EQ(c_.Connect(), 0);
     server_ = Expect(l_.channel, RDMA_CM_EVENT_CONNECT_REQUEST).id;
     if (server_ == nullptr) return;
-    ibv_qp_init_attr sattr{};
-    sattr.qp_type = IBV_QPT_RC;
-    sattr.cap.max_send_wr = sattr.cap.max_recv_wr = 4;
-    sattr.cap.max_send_sge = sattr.cap.max_recv_sge = 1;
+    ibv_qp_init_attr sattr = SmallRcQpAttr();
     if (!CreateQp(server_, &sattr)) return;
     EXPECT_EQ(rdma_accept(server_, nullptr), 0);
     Expect(l_.channel, RDMA_CM_EVENT_ESTABLISHED);
@@ -497,10 +494,7 @@ TEST_F(CmDevice, LargeFpdusOnlyWhereBothEndsAgreed) {
     c.Resolve(relay.port, [&](rdma_cm_id* id) {
       SetOptions(id, [&](siwx_cm_mpa_options& o) { o.large_fpdus = k.initiator; });
     });
-    ibv_qp_init_attr attr{};
-    attr.qp_type = IBV_QPT_RC;
-    attr.cap.max_send_wr = attr.cap.max_recv_wr = 4;
-    attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
+    ibv_qp_init_attr attr = SmallRcQpAttr();
     if (!CreateQp(c.id, &attr)) {
       if (provider_missing_) GTEST_SKIP() << "the provider does not create CQs/QPs yet";
       return;
@@ -509,10 +503,7 @@ TEST_F(CmDevice, LargeFpdusOnlyWhereBothEndsAgreed) {
     const EventCopy req = Expect(l.channel, RDMA_CM_EVENT_CONNECT_REQUEST);
     ASSERT_NE(req.id, nullptr);
     // A fresh attr: rdma_create_qp wrote the client's CQs into `attr`.
-    ibv_qp_init_attr sattr{};
-    sattr.qp_type = IBV_QPT_RC;
-    sattr.cap.max_send_wr = sattr.cap.max_recv_wr = 4;
-    sattr.cap.max_send_sge = sattr.cap.max_recv_sge = 1;
+    ibv_qp_init_attr sattr = SmallRcQpAttr();
     ASSERT_TRUE(CreateQp(req.id, &sattr));
     ASSERT_EQ(rdma_accept(req.id, nullptr), 0);
     Expect(l.channel, RDMA_CM_EVENT_ESTABLISHED);

@@ -95,12 +95,6 @@ class ProgressThreadBlocker {
 
 class PollProgressTest : public ::testing::Test {
  protected:
-  void PostRecv(Node& n, std::uint64_t id, Buffer& buf, std::uint32_t key) {
-    ReceiveWorkRequest rwr;
-    rwr.wr_id = id;
-    AddSge(rwr, buf.addr(), static_cast<std::uint32_t>(buf.size()), key);
-    ASSERT_EQ(n.qp->PostRecv(rwr), PostStatus::kOk);
-  }
 
   Node a_;
   Node b_;

@@ -20,12 +20,6 @@ class SemanticsTest : public ::testing::Test {
   void Connect(const LinkOptions& o = {}, Transport t = Transport::kSocketPair) {
     Link(a_, b_, t, o);
   }
-  void PostRecv(Node& n, std::uint64_t id, Buffer& buf, std::uint32_t key) {
-    ReceiveWorkRequest rwr;
-    rwr.wr_id = id;
-    AddSge(rwr, buf.addr(), static_cast<std::uint32_t>(buf.size()), key);
-    ASSERT_EQ(n.qp->PostRecv(rwr), PostStatus::kOk);
-  }
 
   Node a_;
   Node b_;

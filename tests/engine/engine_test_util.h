@@ -300,6 +300,14 @@ inline void AddSge(ReceiveWorkRequest& wr, std::uint64_t addr, std::uint32_t len
   wr.sge[wr.num_sge++] = Sge{addr, length, lkey};
 }
 
+// Posts one receive WR of the whole buffer on n's QP.
+inline void PostRecv(Node& n, std::uint64_t id, Buffer& buf, std::uint32_t key) {
+  ReceiveWorkRequest rwr;
+  rwr.wr_id = id;
+  AddSge(rwr, buf.addr(), static_cast<std::uint32_t>(buf.size()), key);
+  ASSERT_EQ(n.qp->PostRecv(rwr), PostStatus::kOk);
+}
+
 // Splits [addr, addr + size) into `parts` SGEs (the last takes the rest).
 template <typename Wr>
 void AddSplitSges(Wr& wr, std::uint64_t addr, std::size_t size, std::uint32_t lkey, std::size_t parts) {
