@@ -210,5 +210,70 @@ TEST(EngineCrc, TwoEnginesWithCrcAndMarkersMoveDataBothWays) {
   EXPECT_FALSE(b.events.Has(AsyncEventType::kQpFatal));
 }
 
+// The application's writes into the source of an RDMA Read: verbs lets it
+// change that memory at any time, so these writes race the engine's reads
+// by design. They are kept out of TSan's sight (not instrumented) so that
+// the test checks what it is about: the CRC on the wire.
+__attribute__((no_sanitize("thread"))) void ScribbleUntilStopped(std::uint8_t* region,
+                                                                   std::size_t size,
+                                                                   const std::atomic<bool>& stop) {
+  volatile std::uint8_t* p = region;
+  std::uint32_t x = 12345;
+  while (!stop.load(std::memory_order_relaxed)) {
+    for (int k = 0; k < 4096; ++k) {
+      x = x * 1664525u + 1013904223u;
+      const std::size_t at = (x >> 8) % size;
+      p[at] = static_cast<std::uint8_t>(p[at] ^ 0x5A);
+    }
+  }
+}
+
+TEST(EngineCrc, ReadResponseCrcCoversTheOctetsSentWhileTheSourceChanges) {
+  // The responder's application keeps changing the Read source while its
+  // Read Responses go out with CRC on. The CRC must cover exactly the octets
+  // sent: no CRC error, no Terminate, every Read completes (the data read is
+  // some mix of old and new octets, which is allowed). Before the fix the
+  // CRC was computed at framing time over the live memory, and sendmsg read
+  // it later: the reader saw a CRC error within the first Reads.
+  for (const bool markers : {false, true}) {
+    SCOPED_TRACE(markers ? "CRC and markers" : "CRC");
+    Node a;
+    Node b;
+    LinkOptions o;
+    o.crc = true;
+    o.markers = markers;
+    Link(a, b, Transport::kSocketPair, o);
+    constexpr std::size_t kSize = 1 << 20;
+    constexpr int kReads = 12;
+    Buffer src(kSize);
+    src.Fill(41);
+    const std::uint32_t rkey = src.Register(b.memory(), b.pd, kAllRemote);
+    Buffer dst(kSize);
+    const std::uint32_t sink = dst.Register(a.memory(), a.pd, kAllRemote);
+
+    std::atomic<bool> stop{false};
+    std::thread application([&] { ScribbleUntilStopped(src.data(), kSize, stop); });
+    for (int i = 0; i < kReads; ++i) {
+      SendWorkRequest read = MakeSend(static_cast<std::uint64_t>(i), SendOpcode::kRdmaRead);
+      AddSge(read, dst.addr(), static_cast<std::uint32_t>(kSize), sink);
+      read.rkey = rkey;
+      read.remote_addr = src.addr();
+      ASSERT_EQ(a.qp->PostSend(read), PostStatus::kOk);
+    }
+    const auto wc = WaitCompletions(*a.send_cq, kReads);
+    stop.store(true, std::memory_order_relaxed);
+    application.join();
+
+    ASSERT_EQ(wc.size(), static_cast<std::size_t>(kReads));
+    for (const WorkCompletion& c : wc) {
+      EXPECT_EQ(c.status, WcStatus::kSuccess) << c.wr_id;
+      EXPECT_EQ(c.byte_len, kSize);
+    }
+    EXPECT_FALSE(a.events.Has(AsyncEventType::kQpFatal));
+    EXPECT_FALSE(b.events.Has(AsyncEventType::kQpFatal));
+    EXPECT_TRUE(dst.GuardsIntact());
+  }
+}
+
 }  // namespace
 }  // namespace siwx::engine::testing
