@@ -225,6 +225,7 @@ __attribute__((no_sanitize("thread"))) void ScribbleUntilStopped(std::uint8_t* r
       const std::size_t at = (x >> 8) % size;
       p[at] = static_cast<std::uint8_t>(p[at] ^ 0x5A);
     }
+    std::this_thread::yield();  // leave the engine threads their share of the CPU
   }
 }
 
