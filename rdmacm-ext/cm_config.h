@@ -20,12 +20,14 @@
 //       (A = 1) offering those RTR types (on: all three). Passive side: the
 //       RTR types accepted from a peer-to-peer Initiator (off and on: all
 //       three). Needs v2.
-//   SIWX_MPA_LARGE_FPDUS 1 | 0                        default 1
-//       1: offer (active side) and accept (passive side) FPDUs larger than
-//       the TCP EMSS allows (RFC 5044 4.5 MULPDU), signalled with the Linux
-//       siw driver's experimental bit 0x0800 of the startup frame, an RFC
-//       5044 Res bit that other peers ignore. Used only when both frames
-//       carry it. 0: never set it; FPDUs follow the EMSS.
+//   SIWX_MPA_LARGE_FPDUS 0 | 1                        default 0
+//       0 (standard): never set the bit; FPDUs follow the EMSS (RFC 5044
+//       4.5 MULPDU). 1 (non-standard, opt-in): offer (active side) and
+//       accept (passive side) FPDUs larger than the EMSS allows, signalled
+//       with the Linux siw driver's experimental bit 0x0800 of the startup
+//       frame, a Res bit that RFC 5044 7.1.1 says must be sent as zero.
+//       Used only when both frames carry it. Received FPDUs of any length
+//       RFC 5044 allows are taken either way.
 //   SIWX_CM_CONNECT_TIMEOUT_MS   1..600000           default 10000
 //       Bound on the TCP connect (then UNREACHABLE, status -ETIMEDOUT).
 //   SIWX_MPA_TIMEOUT_MS          1..600000           default 10000
@@ -57,8 +59,9 @@ struct MpaOptions {
   // Active: offered with peer_to_peer. Passive: accepted (RFC 6581 9.2
   // requires at least one, so an empty set is refused by the parser).
   mpa::RtrTypeSet rtr_types{true, true, true};
-  // Offer (active) / accept (passive) FPDUs above MULPDU: siw's L bit.
-  bool large_fpdus = true;
+  // Offer (active) / accept (passive) FPDUs above MULPDU: siw's L bit, an
+  // RFC 5044 Res bit, so off unless asked for.
+  bool large_fpdus = false;
   std::chrono::milliseconds connect_timeout{10000};
   std::chrono::milliseconds mpa_timeout{10000};
 

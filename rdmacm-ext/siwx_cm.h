@@ -37,8 +37,10 @@ struct siwx_cm_mpa_options {
 	uint32_t rtr_mask;        /* SIWX_RTR_MASK_*: offered (active) / accepted (passive) */
 	uint32_t connect_timeout_ms;
 	uint32_t mpa_timeout_ms;
-	/* 1: offer (active) / accept (passive) FPDUs above MULPDU with Linux
-	 * siw's L bit (0x0800 of the startup frame); 0: never. */
+	/* 1 (not standard): offer (active) / accept (passive) FPDUs above
+	 * MULPDU with Linux siw's L bit (0x0800 of the startup frame, an RFC
+	 * 5044 reserved bit); 0 (the default, SIWX_MPA_LARGE_FPDUS unset):
+	 * never. */
 	uint32_t large_fpdus;
 };
 

@@ -65,7 +65,8 @@
 // Not validated here: that the stream parameters match what MPA negotiated
 // (the CM's job), and the content of buffers (the CRC is computed when an
 // FPDU is framed: an application that changes a buffer of an outstanding WR
-// gets a CRC error at the peer, as verbs leaves such changes undefined).
+// gets a CRC error at the peer, as verbs leaves such changes undefined; the
+// source of an RDMA Read, which no WR protects, is copied first, tx.h).
 #pragma once
 
 #include <array>

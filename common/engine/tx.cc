@@ -1,6 +1,7 @@
 #include "common/engine/tx.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "common/engine/engine.h"
@@ -409,6 +410,9 @@ bool QpTx::FrameSegment() {
     }
     return false;
   }
+  if (cur_.kind == MessageKind::kResponse && params_.crc_enabled) {
+    StageResponsePayload(slot, pieces, piece_count);
+  }
   const rdmap::EncodeResult encoded = rdmap::EncodeDdpRdmapHeader(header, slot.header);
   if (!FrameInto(slot, encoded.length, std::span<const ByteSpan>(pieces.data(), piece_count))) {
     return false;
@@ -500,6 +504,24 @@ void QpTx::FrameTerminate() {
   slot.last = true;
   terminate_framed_ = true;
   FrameInto(slot, encoded.length, {});
+}
+
+void QpTx::StageResponsePayload(Slot& slot, std::array<ByteSpan, kMaxSge>& pieces,
+                                std::size_t& piece_count) {
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < piece_count; ++i) total += pieces[i].size();
+  if (slot.staging.size() < total) slot.staging.resize(total);
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < piece_count; ++i) {
+    // Read while the region is held and checked (GatherPayload).
+    std::memcpy(slot.staging.data() + at, pieces[i].data(), pieces[i].size());
+    at += pieces[i].size();
+  }
+  for (std::size_t i = 0; i < slot.source_count; ++i) slot.refs[i].Release();
+  slot.source_count = 0;
+  slot.refs_held = false;
+  pieces[0] = ByteSpan(slot.staging.data(), total);
+  piece_count = total > 0 ? 1 : 0;
 }
 
 bool QpTx::AcquireRefs(Slot& slot, AccessStatus& failure) {

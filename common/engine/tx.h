@@ -11,14 +11,23 @@
 //
 // Batching: up to `slot_count` FPDUs are framed ahead; one sendmsg writes
 // all of them (bounded by IOV_MAX slices). After a partial write the rest of
-// each FPDU is sent exactly as framed: the CRC was computed over the user
-// buffer at framing time, so the buffer must not change until the WR
-// completes (verbs leaves changing it undefined; the peer would see a CRC
-// error). Payload pieces are re-checked against the STag table before every
-// sendmsg that reads them and their RegionRefs are dropped before the gate
-// holder returns, so a Deregister never waits for the network; a piece that
-// fails the re-check ends the stream (never sending octets from memory that
-// is no longer registered).
+// each FPDU is sent exactly as framed. With CRC on, the CRC is computed at
+// framing time, so it must cover exactly the octets sendmsg later reads:
+//  - Send and Write payload is sent straight from the WR's buffers: verbs
+//    forbids changing a posted WR's buffers until it completes, so what the
+//    CRC covered is what goes out (an application that breaks that rule
+//    gets a CRC error at the peer, its own undefined behaviour).
+//  - Read Response payload comes from memory no WR of ours owns: the
+//    application may change the source of an RDMA Read at any time (the
+//    reader then sees some mix of old and new octets, which verbs allows).
+//    So with CRC on it is copied into the slot's staging buffer and the CRC
+//    computed over the copy; without CRC nothing checks it and it is sent
+//    in place. (ISA-L has no fused copy + CRC32c, so memcpy, then CRC.)
+// Payload pieces still in registered memory are re-checked against the
+// STag table before every sendmsg that reads them and their RegionRefs are
+// dropped before the gate holder returns, so a Deregister never waits for
+// the network; a piece that fails the re-check ends the stream (never
+// sending octets from memory that is no longer registered).
 //
 // Threading: every method runs with the QP's transmit gate held (see qp.h),
 // so the state below needs no lock; queue_mutex_ is taken briefly to read
@@ -111,10 +120,13 @@ class QpTx {
   };
 
   // One framed FPDU in flight. The frame's slices point into `header` and at
-  // registered memory (or a WR's inline data).
+  // registered memory, a WR's inline data or `staging`.
   struct Slot {
     mpa::FpduFrame frame;
     std::array<std::uint8_t, 80> header{};  // ULPDU header; a whole Terminate ULPDU fits
+    // A Read Response's payload, copied when CRC is on (see above); grows
+    // to the largest segment this slot carried, at most the max ULPDU.
+    std::vector<std::uint8_t> staging;
     std::size_t sent = 0;                   // wire octets already written
     Role role = Role::kSqSegment;
     bool last = false;                      // final segment of its message
@@ -163,6 +175,10 @@ class QpTx {
   bool GatherPayload(Slot& slot, std::uint64_t offset, std::size_t length,
                      std::array<ByteSpan, kMaxSge>& pieces, std::size_t& piece_count,
                      AccessStatus& failure);
+  // Copies a Read Response segment's payload into the slot and points
+  // `pieces` at the copy; the source regions are no longer needed.
+  void StageResponsePayload(Slot& slot, std::array<ByteSpan, kMaxSge>& pieces,
+                            std::size_t& piece_count);
   bool AcquireRefs(Slot& slot, AccessStatus& failure);
   void ReleaseRefs();
   // Ends the stream with an RST after a transmit failure: QP fatal, no

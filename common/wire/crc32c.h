@@ -1,8 +1,9 @@
 // CRC32c (Castagnoli, RFC 3385 / RFC 3720 appendix B.4) for MPA FPDUs,
 // computed by Intel ISA-L.
 //
-// The CRC covers the ULPDU_Length field, the ULPDU and the pad (RFC 5044
-// section 4.4), and never the markers. It is transmitted least significant
+// The CRC covers the ULPDU_Length field, the ULPDU, the pad and the markers
+// among them (RFC 5044 sections 4.3, 4.4; see mpa_markers.h). It is
+// transmitted least significant
 // octet first: RFC 3720's bit ordering makes the CRC register's low byte the
 // first on the wire. Crc32cToWire/Crc32cFromWire hold that rule in one place.
 #pragma once

@@ -67,23 +67,17 @@ FrameStatus FpduFramer::Frame(ByteSpan ulpdu_header, std::span<const ByteSpan> p
 
   StoreBe16(out.length_field_.data(), static_cast<std::uint16_t>(ulpdu_length));
   std::fill(out.trailer_.begin(), out.trailer_.end(), std::uint8_t{0});
-  std::uint32_t crc = 0;
-  if (config_.crc_enabled) {
-    Crc32c running;
-    running.Update(out.length_field_);
-    running.Update(ulpdu_header);
-    for (ByteSpan piece : payload) running.Update(piece);
-    running.Update(ByteSpan(out.trailer_.data(), pad));
-    crc = running.Value();
-  }
-  Crc32cToWire(crc, out.trailer_.data() + pad);
-  out.crc_ = crc;
   out.ulpdu_length_ = static_cast<std::uint16_t>(ulpdu_length);
 
   // Walk the unmarked octets in order and cut them at every marker position.
   const bool use_markers = config_.markers_enabled;
   std::size_t before_marker = OctetsBeforeNextMarker(grid_offset_);
   const std::size_t field_wire = (use_markers && before_marker == 0) ? kMarkerSize : 0;
+  // Wire position of the CRC field's first octet: the CRC covers everything
+  // before it, markers included.
+  const std::size_t crc_unmarked_at = unmarked - kCrcSize;
+  std::size_t crc_field_at = 0;
+  std::size_t unmarked_done = 0;
   auto emit = [&](const std::uint8_t* base, std::size_t len) {
     while (len > 0) {
       if (use_markers && before_marker == 0) {
@@ -97,6 +91,10 @@ FrameStatus FpduFramer::Frame(ByteSpan ulpdu_header, std::span<const ByteSpan> p
         before_marker = kMarkerInterval - kMarkerSize;
       }
       const std::size_t n = use_markers ? std::min(len, before_marker) : len;
+      if (unmarked_done <= crc_unmarked_at && crc_unmarked_at < unmarked_done + n) {
+        crc_field_at = out.wire_length_ + (crc_unmarked_at - unmarked_done);
+      }
+      unmarked_done += n;
       out.Append(base, n);
       base += n;
       len -= n;
@@ -107,6 +105,24 @@ FrameStatus FpduFramer::Frame(ByteSpan ulpdu_header, std::span<const ByteSpan> p
   emit(ulpdu_header.data(), ulpdu_header.size());
   for (ByteSpan piece : payload) emit(piece.data(), piece.size());
   emit(out.trailer_.data(), pad + kCrcSize);
+
+  // The CRC covers the FPDU as it goes out, markers included (see
+  // mpa_markers.h), so it is computed over the slices in wire order. The
+  // CRC field's slices point at trailer_, filled in below.
+  std::uint32_t crc = 0;
+  if (config_.crc_enabled) {
+    Crc32c running;
+    std::size_t left = crc_field_at;
+    for (std::size_t i = 0; i < out.slice_count_ && left > 0; ++i) {
+      const IoSlice& slice = out.slices_[i];
+      const std::size_t n = std::min(slice.len, left);
+      running.Update(ByteSpan(slice.base, n));
+      left -= n;
+    }
+    crc = running.Value();
+  }
+  Crc32cToWire(crc, out.trailer_.data() + pad);
+  out.crc_ = crc;
 
   grid_offset_ = AdvanceGridOffset(grid_offset_, out.wire_length_);
   return FrameStatus::kOk;

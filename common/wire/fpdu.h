@@ -6,11 +6,13 @@
 //   ULPDU_Length (2) | ULPDU (ULPDU_Length octets) | pad (0..3) | CRC (4)
 //
 // ULPDU_Length counts the ULPDU only; the pad makes ULPDU_Length field +
-// ULPDU + pad a multiple of 4; the CRC32c covers ULPDU_Length, ULPDU and pad
-// (RFC 5044 4.1, 4.4). The CRC field is always present: it is zero when CRC
-// was not negotiated (RFC 5044 7.1.1 "C", and what Linux siw sends). When the
-// direction uses markers, they are inserted at their stream positions
-// (see mpa_markers.h) and counted by none of the fields above.
+// ULPDU + pad a multiple of 4 (RFC 5044 4.1). The CRC field is always
+// present: it is zero when CRC was not negotiated (RFC 5044 7.1.1 "C", and
+// what Linux siw sends). When the direction uses markers, they are inserted
+// at their stream positions (see mpa_markers.h) and counted by neither
+// ULPDU_Length nor the pad. The CRC32c covers the FPDU as it goes out: every
+// octet before the CRC field, markers included (RFC 5044 4.3, 4.4; which
+// markers belong to an FPDU is set out in mpa_markers.h).
 #pragma once
 
 #include <array>

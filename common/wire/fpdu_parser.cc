@@ -65,6 +65,12 @@ RxDemand FpduParser::Demand() const {
 void FpduParser::TakeMarker(ByteSpan data, RxProgress& progress) {
   const std::size_t n = std::min(kMarkerSize - marker_have_, data.size() - progress.consumed);
   std::memcpy(marker_buf_.data() + marker_have_, data.data() + progress.consumed, n);
+  // The CRC covers the markers of the FPDU, the one in front of its
+  // ULPDU_Length field included, but nothing from the CRC field on
+  // (mpa_markers.h). Only off the RFC's grid can a marker split the CRC field.
+  if (stage_ != Stage::kTrailer || trailer_have_ <= PadLength(ulpdu_length_)) {
+    UpdateCrc(data.subspan(progress.consumed, n));
+  }
   marker_have_ += n;
   progress.consumed += n;
   Advance(n);
@@ -84,8 +90,9 @@ void FpduParser::TakeMarker(ByteSpan data, RxProgress& progress) {
 }
 
 void FpduParser::StartFpdu() {
+  // crc_ was reset when the previous FPDU ended: a marker in front of this
+  // FPDU's ULPDU_Length field is already in it.
   length_field_pos_ = stream_pos_;
-  crc_ = Crc32c{};
   header_have_ = 0;
   header_target_ = 0;
   header_sized_ = false;
@@ -128,6 +135,7 @@ RxEvent FpduParser::FinishFpdu() {
   // not in use (RFC 5044 8, code 3).
   if (marker_mismatch_) return Fail(MpaError::kMarkerMismatch);
   completion_ = FpduCompletion{ulpdu_length_, config_.crc_enabled};
+  crc_ = Crc32c{};
   length_have_ = 0;
   stage_ = Stage::kLength;
   return RxEvent::kFpduComplete;

@@ -6,7 +6,8 @@
 // it hands on), the pad, the CRC, and the markers wherever the grid puts them.
 // It finds FPDU boundaries from ULPDU_Length (RFC 5044 6, rule 1), checks each
 // marker's FPDUPTR against them, removes the markers, and checks the CRC when
-// it was negotiated.
+// it was negotiated. The CRC is computed over the FPDU as received, markers
+// included (RFC 5044 4.3, 4.4; mpa_markers.h says which markers).
 //
 // The header and payload of an FPDU are handed over before its CRC, at the
 // end, has been checked: that is what direct placement means. The completion

@@ -7,12 +7,22 @@
 // the first octet after the startup frames; that first position holds the
 // special first marker 0x00000000 (RFC 5044 7.1.2 rule 7). Positions are
 // counted on the wire, markers included. ULPDU_Length and the pad never count
-// markers and the CRC never covers them (RFC 5044 4.1, 4.4).
+// markers (RFC 5044 4.1).
 //
 // FPDUPTR is the number of stream octets from the first octet of the FPDU's
 // ULPDU_Length field back to the first octet of the marker. A marker that sits
 // exactly on the boundary between two FPDUs belongs to the FPDU that follows
 // and carries 0, like the first marker (RFC 5044 4.3 and 7.1.2 rule 7).
+//
+// The MPA CRC covers the markers of its FPDU (RFC 5044 4.3, 4.4): it is
+// computed over the FPDU's octets as they go out, from its first octet to the
+// last octet before the CRC field. So it covers a marker inside the
+// ULPDU_Length field, the ULPDU or the pad, one between the pad and the CRC
+// field, and one on the boundary in front of the FPDU (FPDUPTR 0, the FPDU's
+// first octet; the previous FPDU's CRC ended before it). This is also how
+// Wireshark's iWARP dissector checks it. Only off the RFC's grid (a grid
+// offset that is not a multiple of 4) can a marker fall inside the CRC field;
+// the CRC cannot cover it and both ends leave it out.
 //
 // A "grid offset" below is a stream position modulo kMarkerInterval: 0 means a
 // marker is due at the next octet. RFC streams only ever see multiples of 4 at

@@ -497,9 +497,9 @@ TEST_F(CmApi, MpaOptionsRoundTripAndValidation) {
   EXPECT_EQ(o.rtr_mask, SIWX_RTR_MASK_SEND | SIWX_RTR_MASK_WRITE | SIWX_RTR_MASK_READ);
   EXPECT_EQ(o.connect_timeout_ms, 10000u);
   EXPECT_EQ(o.mpa_timeout_ms, 10000u);
-  EXPECT_EQ(o.large_fpdus, 1u);  // SIWX_MPA_LARGE_FPDUS unset
+  EXPECT_EQ(o.large_fpdus, 0u);  // SIWX_MPA_LARGE_FPDUS unset: standard frames
   siwx_cm_mpa_options set = o;
-  set.large_fpdus = 0;
+  set.large_fpdus = 1;
   set.dialect = SIWX_MPA_DIALECT_V1_RTR;
   set.crc = SIWX_CM_POLICY_REQUIRE;
   set.rtr_mask = SIWX_RTR_MASK_READ;
@@ -512,7 +512,7 @@ TEST_F(CmApi, MpaOptionsRoundTripAndValidation) {
   EXPECT_EQ(back.crc, static_cast<std::uint32_t>(SIWX_CM_POLICY_REQUIRE));
   EXPECT_EQ(back.rtr_mask, SIWX_RTR_MASK_READ);
   EXPECT_EQ(back.mpa_timeout_ms, 1234u);
-  EXPECT_EQ(back.large_fpdus, 0u);
+  EXPECT_EQ(back.large_fpdus, 1u);
   auto refused = [&](const std::function<void(siwx_cm_mpa_options&)>& change) {
     siwx_cm_mpa_options bad = o;
     change(bad);

@@ -27,8 +27,8 @@ TEST(CmConfig, DefaultsInteroperateWithLinuxSiw) {
   EXPECT_EQ(c.mpa.markers, Policy::kAllow);         // never ask for markers
   EXPECT_FALSE(c.mpa.peer_to_peer);                 // siw: peer_to_peer = false
   EXPECT_EQ(c.mpa.rtr_types, (mpa::RtrTypeSet{true, true, true}));
-  // L (siw's GSO_EXP bit): a siw without try_gso ignores it as a Res bit.
-  EXPECT_TRUE(c.mpa.large_fpdus);
+  // L (siw's GSO_EXP bit) is an RFC 5044 Res bit: never sent by default.
+  EXPECT_FALSE(c.mpa.large_fpdus);
   EXPECT_EQ(c.mpa.connect_timeout.count(), 10000);
   EXPECT_EQ(c.mpa.mpa_timeout.count(), 10000);
 }
@@ -36,11 +36,11 @@ TEST(CmConfig, DefaultsInteroperateWithLinuxSiw) {
 TEST(CmConfig, LargeFpdus) {
   EXPECT_FALSE(Parse({{"SIWX_MPA_LARGE_FPDUS", "0"}}).mpa.large_fpdus);
   EXPECT_TRUE(Parse({{"SIWX_MPA_LARGE_FPDUS", "1"}}).mpa.large_fpdus);
-  EXPECT_TRUE(Parse({{"SIWX_MPA_LARGE_FPDUS", ""}}).mpa.large_fpdus);
+  EXPECT_FALSE(Parse({{"SIWX_MPA_LARGE_FPDUS", ""}}).mpa.large_fpdus);
   const CmConfig bad = Parse({{"SIWX_MPA_LARGE_FPDUS", "yes"}});
-  EXPECT_TRUE(bad.mpa.large_fpdus);
+  EXPECT_FALSE(bad.mpa.large_fpdus);
   ASSERT_EQ(bad.problems.size(), 1u);
-  EXPECT_EQ(bad.problems[0], "SIWX_MPA_LARGE_FPDUS='yes' is not 1 or 0 (using 1)");
+  EXPECT_EQ(bad.problems[0], "SIWX_MPA_LARGE_FPDUS='yes' is not 1 or 0 (using 0)");
 }
 
 TEST(CmConfig, Dialects) {
@@ -132,13 +132,14 @@ TEST(CmConfig, NegotiatorConfigForEachRole) {
   EXPECT_EQ(i.rtr_types, (mpa::RtrTypeSet{false, true, false}));
   EXPECT_EQ(i.startup_timeout.count(), 1500000);
   EXPECT_EQ(i.first_fpdu_timeout.count(), 0);  // the engine's wait after the handover
-  EXPECT_TRUE(i.large_fpdus);
+  EXPECT_FALSE(i.large_fpdus);  // by default
   const mpa::NegotiatorConfig r = MakeNegotiatorConfig(o, mpa::MpaRole::kResponder, 0, 0);
   EXPECT_FALSE(r.peer_to_peer);  // the Initiator asks; the Responder answers
-  EXPECT_TRUE(r.large_fpdus);    // ... but both offer or accept L
+  EXPECT_FALSE(r.large_fpdus);
+  o.large_fpdus = true;          // opted in: both roles offer or accept L
+  EXPECT_TRUE(MakeNegotiatorConfig(o, mpa::MpaRole::kResponder, 0, 0).large_fpdus);
+  EXPECT_TRUE(MakeNegotiatorConfig(o, mpa::MpaRole::kInitiator, 1, 1).large_fpdus);
   o.large_fpdus = false;
-  EXPECT_FALSE(MakeNegotiatorConfig(o, mpa::MpaRole::kResponder, 0, 0).large_fpdus);
-  EXPECT_FALSE(MakeNegotiatorConfig(o, mpa::MpaRole::kInitiator, 1, 1).large_fpdus);
   o.markers = Policy::kRequire;
   const mpa::NegotiatorConfig m = MakeNegotiatorConfig(o, mpa::MpaRole::kInitiator, 1, 1);
   EXPECT_TRUE(m.markers_wanted);

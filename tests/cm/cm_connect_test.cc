@@ -598,10 +598,10 @@ TEST_P(DialectMatrix, NegotiatesWhatBothSupport) {
     EXPECT_EQ(ci.mpa_revision, dc.revision);
     EXPECT_EQ(si.mpa_revision, dc.revision);
     EXPECT_EQ(ci.ird_ord_exchanged, dc.negotiated == SIWX_MPA_DIALECT_V2 ? 1u : 0u);
-    // Both ends at the default SIWX_MPA_LARGE_FPDUS=1: L both ways in every
-    // dialect.
-    EXPECT_EQ(ci.large_fpdus, 1u);
-    EXPECT_EQ(si.large_fpdus, 1u);
+    // Both ends at the default SIWX_MPA_LARGE_FPDUS=0: standard frames, no
+    // L, MULPDU FPDUs in every dialect.
+    EXPECT_EQ(ci.large_fpdus, 0u);
+    EXPECT_EQ(si.large_fpdus, 0u);
     EXPECT_EQ(rdma_destroy_id(req.id), 0);
   }
   c.Stop();
@@ -668,8 +668,16 @@ class CmNegotiation : public LeakCheck {
   std::vector<rdma_cm_id*> server_ids_;
 };
 
-TEST_F(CmNegotiation, LargeFpdusAgreedByDefault) {
+TEST_F(CmNegotiation, LargeFpdusOffByDefault) {
   rdma_cm_id* server = Run([](siwx_cm_mpa_options&) {}, [](siwx_cm_mpa_options&) {});
+  ASSERT_NE(server, nullptr);
+  EXPECT_EQ(Info(client_.id).large_fpdus, 0u);
+  EXPECT_EQ(Info(server).large_fpdus, 0u);
+}
+
+TEST_F(CmNegotiation, LargeFpdusAgreedWhenBothEndsOptIn) {
+  rdma_cm_id* server = Run([](siwx_cm_mpa_options& o) { o.large_fpdus = 1; },
+                           [](siwx_cm_mpa_options& o) { o.large_fpdus = 1; });
   ASSERT_NE(server, nullptr);
   EXPECT_EQ(Info(client_.id).large_fpdus, 1u);
   EXPECT_EQ(Info(server).large_fpdus, 1u);
@@ -677,7 +685,8 @@ TEST_F(CmNegotiation, LargeFpdusAgreedByDefault) {
 
 TEST_F(CmNegotiation, LargeFpdusOffNotOfferedByTheInitiator) {
   rdma_cm_id* server =
-      Run([](siwx_cm_mpa_options& o) { o.large_fpdus = 0; }, [](siwx_cm_mpa_options&) {});
+      Run([](siwx_cm_mpa_options& o) { o.large_fpdus = 0; },
+          [](siwx_cm_mpa_options& o) { o.large_fpdus = 1; });
   ASSERT_NE(server, nullptr);
   EXPECT_EQ(Info(client_.id).large_fpdus, 0u);
   EXPECT_EQ(Info(server).large_fpdus, 0u);
@@ -685,7 +694,8 @@ TEST_F(CmNegotiation, LargeFpdusOffNotOfferedByTheInitiator) {
 
 TEST_F(CmNegotiation, LargeFpdusOffNotAcceptedByTheResponder) {
   rdma_cm_id* server =
-      Run([](siwx_cm_mpa_options&) {}, [](siwx_cm_mpa_options& o) { o.large_fpdus = 0; });
+      Run([](siwx_cm_mpa_options& o) { o.large_fpdus = 1; },
+          [](siwx_cm_mpa_options& o) { o.large_fpdus = 0; });
   ASSERT_NE(server, nullptr);
   EXPECT_EQ(Info(client_.id).large_fpdus, 0u);
   EXPECT_EQ(Info(server).large_fpdus, 0u);

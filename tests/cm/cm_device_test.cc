@@ -472,27 +472,36 @@ TEST_F(CmDevicePeerGone, DisconnectedComesAfterTheHoldWithoutPolling) {
 
 // SIWX_MPA_LARGE_FPDUS end to end: what the two startup frames agreed
 // decides the FPDUs the QP sends. Through a relay advertising MSS 1400,
-// a 64 KiB Send goes out in FPDUs of MULPDU(EMSS) octets unless both ends
-// offered L, and then in FPDUs of the 16-bit maximum.
+// a 64 KiB Send goes out in FPDUs of MULPDU(EMSS) octets (RFC 5044 4.5) by
+// default and unless both ends opted in to L, and then in FPDUs of the
+// 16-bit maximum.
 TEST_F(CmDevice, LargeFpdusOnlyWhereBothEndsAgreed) {
   if (dlsym(RTLD_DEFAULT, "siwx_qp_bind_stream") == nullptr) {
     GTEST_SKIP() << "the provider does not take streams (CM-only mode)";
   }
+  constexpr int kDefault = -1;  // the option left as SIWX_MPA_LARGE_FPDUS has it (unset: 0)
   struct Case {
-    std::uint32_t initiator, responder;
+    int initiator, responder;
     bool agreed;
   };
-  for (const Case& k : {Case{1, 1, true}, Case{0, 1, false}, Case{1, 0, false}}) {
+  for (const Case& k : {Case{kDefault, kDefault, false}, Case{1, 1, true}, Case{0, 1, false},
+                        Case{1, 0, false}, Case{1, kDefault, false}}) {
     SCOPED_TRACE("initiator " + std::to_string(k.initiator) + ", responder " +
                  std::to_string(k.responder));
     Listener l;
     l.Start(8, [&](rdma_cm_id* id) {
-      SetOptions(id, [&](siwx_cm_mpa_options& o) { o.large_fpdus = k.responder; });
+      if (k.responder == kDefault) return;
+      SetOptions(id, [&](siwx_cm_mpa_options& o) {
+        o.large_fpdus = static_cast<std::uint32_t>(k.responder);
+      });
     });
     MssRelay relay(l.port, 1400);
     Client c;
     c.Resolve(relay.port, [&](rdma_cm_id* id) {
-      SetOptions(id, [&](siwx_cm_mpa_options& o) { o.large_fpdus = k.initiator; });
+      if (k.initiator == kDefault) return;
+      SetOptions(id, [&](siwx_cm_mpa_options& o) {
+        o.large_fpdus = static_cast<std::uint32_t>(k.initiator);
+      });
     });
     ibv_qp_init_attr attr = SmallRcQpAttr();
     if (!CreateQp(c.id, &attr)) {

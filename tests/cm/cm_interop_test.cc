@@ -8,6 +8,11 @@
 // a Send back from the Responder, every octet and completion checked.
 // Cells the rules refuse check the documented failure instead.
 //
+// Every cell of the full matrix runs at the default SIWX_MPA_LARGE_FPDUS=0
+// (standard startup frames, MULPDU FPDUs); a smaller set of cells opts one
+// or both ends in to the non-standard large FPDUs (siw's L bit), which are
+// used only when both did.
+//
 // Needs siwx devices: ctest runs it under siwx-run (test cm_interop).
 #include <algorithm>
 #include <string>
@@ -67,6 +72,7 @@ struct Cell {
   DialectChoice responder;
   Requirers crc;
   Requirers markers;
+  Requirers large_fpdus = kNeither;  // which ends set SIWX_MPA_LARGE_FPDUS=1
 };
 
 // ---- The expected result, from the rules ----
@@ -92,6 +98,7 @@ struct Expected {
   bool peer_to_peer = false;
   std::uint32_t reply_rtr_mask = 0;  // RTR types in the Reply (peer-to-peer only)
   siwx_rtr_message rtr_message = SIWX_RTR_MESSAGE_SEND;
+  bool large_fpdus = false;  // both startup frames carried L
 };
 
 siwx_rtr_message OnlyType(std::uint32_t mask) {
@@ -126,6 +133,9 @@ Expected ExpectedResult(const Cell& cell) {
   // so per direction.
   e.markers_to_initiator = (cell.markers & kInitiatorOnly) != 0;
   e.markers_to_responder = (cell.markers & kResponderOnly) != 0;
+  // L (not an RFC feature): only when the Request offered it and the
+  // Responder accepts it, in every dialect.
+  e.large_fpdus = cell.large_fpdus == kBoth;
   // RFC 6581 9.2: A in the Reply echoes A; the Reply lists the offered
   // types the Responder supports, or all it supports when none of them.
   if (e.dialect == SIWX_MPA_DIALECT_V2 && cell.initiator.peer_to_peer) {
@@ -140,8 +150,10 @@ Expected ExpectedResult(const Cell& cell) {
 
 std::string CellName(const ::testing::TestParamInfo<Cell>& info) {
   const Cell& c = info.param;
-  return std::string("Init") + c.initiator.name + "_Resp" + c.responder.name + "_Crc" +
-         RequirersName(c.crc) + "_Markers" + RequirersName(c.markers);
+  std::string name = std::string("Init") + c.initiator.name + "_Resp" + c.responder.name +
+                     "_Crc" + RequirersName(c.crc) + "_Markers" + RequirersName(c.markers);
+  if (c.large_fpdus != kNeither) name += std::string("_Large") + RequirersName(c.large_fpdus);
+  return name;
 }
 
 std::vector<Cell> AllCells() {
@@ -152,6 +164,15 @@ std::vector<Cell> AllCells() {
         for (Requirers markers : {kNeither, kInitiatorOnly, kResponderOnly, kBoth}) {
           cells.push_back(Cell{i, r, crc, markers});
         }
+      }
+    }
+  }
+  // The opt-in: each dialect against itself, CRC on, with and without
+  // markers, L set by one end or both.
+  for (std::size_t d = 0; d < std::size(kInitiatorOffers); ++d) {
+    for (Requirers markers : {kNeither, kBoth}) {
+      for (Requirers large : {kInitiatorOnly, kResponderOnly, kBoth}) {
+        cells.push_back(Cell{kInitiatorOffers[d], kResponderAccepts[d], kBoth, markers, large});
       }
     }
   }
@@ -313,6 +334,7 @@ void ExpectNegotiated(const siwx_cm_conn_info& info, const Expected& e, bool ini
     EXPECT_EQ(info.rtr_role, static_cast<std::uint32_t>(SIWX_RTR_ROLE_AWAIT)) << end;
     EXPECT_EQ(info.rtr_mask, e.reply_rtr_mask) << end;
   }
+  EXPECT_EQ(info.large_fpdus, e.large_fpdus ? 1u : 0u) << end;
   EXPECT_EQ(info.failure_code, static_cast<std::uint32_t>(SIWX_CM_FAILURE_NONE)) << end;
 }
 
@@ -324,11 +346,13 @@ TEST_P(CmInterop, NegotiatesByTheRulesAndMovesData) {
     o.peer_to_peer = cell.initiator.peer_to_peer ? 1 : 0;
     o.rtr_mask = cell.initiator.rtr_mask;
     ApplyPolicy(o, (cell.crc & kInitiatorOnly) != 0, (cell.markers & kInitiatorOnly) != 0);
+    if ((cell.large_fpdus & kInitiatorOnly) != 0) o.large_fpdus = 1;
   };
   const auto responder_options = [&](siwx_cm_mpa_options& o) {
     o.dialect = cell.responder.dialect;
     o.rtr_mask = cell.responder.rtr_mask;
     ApplyPolicy(o, (cell.crc & kResponderOnly) != 0, (cell.markers & kResponderOnly) != 0);
+    if ((cell.large_fpdus & kResponderOnly) != 0) o.large_fpdus = 1;
   };
 
   Listener listener;

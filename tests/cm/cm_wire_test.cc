@@ -8,8 +8,8 @@
 //   0x0001 Rev 1          0x1001 Rev 1 + S (Rtr indicator)
 //   0x0002 Rev 2, S = 0   0x1002 Rev 2 + S (enhanced: IRD/ORD word first)
 //   0x3002 R + S, Rev 2   0x5002 C + S, Rev 2     0x9002 M + S, Rev 2
-//   0x0800 L: Linux siw's MPA_RR_FLAG_GSO_EXP, large FPDUs; our Requests
-//          carry it by default (SIWX_MPA_LARGE_FPDUS=1)
+//   0x0800 L: Linux siw's MPA_RR_FLAG_GSO_EXP, large FPDUs, an RFC 5044
+//          Res bit; ours carry it only when opted in (SIWX_MPA_LARGE_FPDUS=1)
 // IrdOrd(): |A|B| IRD |C|D| ORD|, A = 0x8000 and B = 0x4000 in the IRD half,
 // C = 0x8000 and D = 0x4000 in the ORD half.
 #include <thread>
@@ -25,7 +25,8 @@ Bytes SiwRequest() {
   return Frame(RequestKey(), /*M0 C0 R0 S1, Rev 2*/ 0x1002, /*PD_Length*/ 4,
                IrdOrd(/*IRD*/ 0x0001, /*ORD*/ 0x0001));
 }
-// The same from a siw with try_gso, and what our Initiator sends by default.
+// The same from a siw with try_gso, and what our Initiator sends with large
+// FPDUs opted in.
 Bytes SiwRequestWithL() {
   return Frame(RequestKey(), /*M0 C0 R0 S1 L1, Rev 2*/ 0x1802, /*PD_Length*/ 4,
                IrdOrd(/*IRD*/ 0x0001, /*ORD*/ 0x0001));
@@ -67,10 +68,23 @@ class ActiveWire : public LeakCheck {
   Client client_;
 };
 
+// Standard framing by default: the Request is Linux siw's (6.1, rping,
+// IRD/ORD 1/1), octet for octet, written out here rather than built by
+// Frame(): key, then M0 C0 R0 S1 and no reserved bit (RFC 5044 7.1.1: Res
+// is sent as zero), Rev 2, PD_Length 4, the RFC 6581 IRD/ORD word.
+TEST_F(ActiveWire, DefaultRequestIsLinuxSiwsOctetForOctet) {
+  Bytes request;
+  Fd peer = Start(24, &request);
+  const Bytes siw = {0x4d, 0x50, 0x41, 0x20, 0x49, 0x44, 0x20, 0x52,   // "MPA ID R"
+                     0x65, 0x71, 0x20, 0x46, 0x72, 0x61, 0x6d, 0x65,   // "eq Frame"
+                     0x10, 0x02, 0x00, 0x04, 0x00, 0x01, 0x00, 0x01};
+  EXPECT_EQ(request, siw);
+}
+
 TEST_F(ActiveWire, RequestIsWhatLinuxSiwSendsAndAV2ReplyEstablishes) {
   Bytes request;
   Fd peer = Start(24, &request);
-  EXPECT_EQ(request, SiwRequestWithL());
+  EXPECT_EQ(request, SiwRequest());
   WriteAll(peer, Frame(ReplyKey(), /*S, Rev 2*/ 0x1002, /*PD_Length*/ 4 + 3,
                        Concat({IrdOrd(0x0001, 0x0001), Ascii("srv")})));
   const EventCopy e = Expect(client_.channel, RDMA_CM_EVENT_ESTABLISHED);
@@ -91,7 +105,7 @@ TEST_F(ActiveWire, V1RequestCarriesThePrivateData) {
   Bytes request;
   Fd peer = Start(23, &request, [](siwx_cm_mpa_options& o) { o.dialect = SIWX_MPA_DIALECT_V1; },
                   Ascii("abc"));
-  EXPECT_EQ(request, Frame(RequestKey(), /*L, Rev 1*/ 0x0801, /*PD_Length*/ 3, Ascii("abc")));
+  EXPECT_EQ(request, Frame(RequestKey(), /*Rev 1*/ 0x0001, /*PD_Length*/ 3, Ascii("abc")));
   WriteAll(peer, Frame(ReplyKey(), 0x0001, 2, Ascii("xy")));
   EXPECT_EQ(Expect(client_.channel, RDMA_CM_EVENT_ESTABLISHED).private_data, Ascii("xy"));
   const siwx_cm_conn_info ci = Info(client_.id);
@@ -116,8 +130,10 @@ TEST_F(ActiveWire, ReplyWithLAgreesOnLargeFpdusInEveryDialect) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.dialect);
     Bytes request;
-    Fd peer = Start(20 + c.pd.size(), &request,
-                    [&](siwx_cm_mpa_options& o) { o.dialect = c.dialect; });
+    Fd peer = Start(20 + c.pd.size(), &request, [&](siwx_cm_mpa_options& o) {
+      o.dialect = c.dialect;
+      o.large_fpdus = 1;  // opted in
+    });
     EXPECT_EQ(request, Frame(RequestKey(), c.flags, static_cast<std::uint16_t>(c.pd.size()), c.pd));
     // What Linux siw answers: the Request's flags word, key rewritten.
     WriteAll(peer, Frame(ReplyKey(), c.flags, static_cast<std::uint16_t>(c.pd.size()), c.pd));
@@ -145,7 +161,7 @@ TEST_F(ActiveWire, V1RtrSendsTheRtrFrameAfterAnAcceptingReply) {
   Bytes request;
   Fd peer = Start(20, &request,
                   [](siwx_cm_mpa_options& o) { o.dialect = SIWX_MPA_DIALECT_V1_RTR; });
-  EXPECT_EQ(request, Frame(RequestKey(), /*S, L, Rev 1*/ 0x1801, 0));
+  EXPECT_EQ(request, Frame(RequestKey(), /*S, Rev 1*/ 0x1001, 0));
   WriteAll(peer, Frame(ReplyKey(), 0x1001, 0));
   EXPECT_EQ(ReadN(peer, 20), Frame(RtrKey(), /*Rev 1, C as in the Reply*/ 0x0001, 0));
   Expect(client_.channel, RDMA_CM_EVENT_ESTABLISHED);
@@ -165,7 +181,7 @@ TEST_F(ActiveWire, V1RtrFallsBackToV1OnAReplyWithoutS) {
 TEST_F(ActiveWire, CrcRequiredSetsC) {
   Bytes request;
   Fd peer = Start(24, &request, [](siwx_cm_mpa_options& o) { o.crc = SIWX_CM_POLICY_REQUIRE; });
-  EXPECT_EQ(request, Frame(RequestKey(), /*C, S, L, Rev 2*/ 0x5802, 4, IrdOrd(0x0001, 0x0001)));
+  EXPECT_EQ(request, Frame(RequestKey(), /*C, S, Rev 2*/ 0x5002, 4, IrdOrd(0x0001, 0x0001)));
   WriteAll(peer, Frame(ReplyKey(), 0x5002, 4, IrdOrd(0x0001, 0x0001)));
   Expect(client_.channel, RDMA_CM_EVENT_ESTABLISHED);
   EXPECT_EQ(Info(client_.id).crc, 1u);
@@ -175,14 +191,14 @@ TEST_F(ActiveWire, MarkersRequiredSetsM) {
   Bytes request;
   Fd peer =
       Start(24, &request, [](siwx_cm_mpa_options& o) { o.markers = SIWX_CM_POLICY_REQUIRE; });
-  EXPECT_EQ(request, Frame(RequestKey(), /*M, S, L, Rev 2*/ 0x9802, 4, IrdOrd(0x0001, 0x0001)));
+  EXPECT_EQ(request, Frame(RequestKey(), /*M, S, Rev 2*/ 0x9002, 4, IrdOrd(0x0001, 0x0001)));
 }
 
 TEST_F(ActiveWire, PeerToPeerOffersEveryRtrType) {
   Bytes request;
   Fd peer = Start(24, &request, [](siwx_cm_mpa_options& o) { o.peer_to_peer = 1; });
   // A and B (Send) in the IRD half, C (Write) and D (Read) in the ORD half.
-  EXPECT_EQ(request, Frame(RequestKey(), 0x1802, 4, IrdOrd(0xC001, 0xC001)));
+  EXPECT_EQ(request, Frame(RequestKey(), 0x1002, 4, IrdOrd(0xC001, 0xC001)));
   // The Responder echoes A and keeps only D (Read).
   WriteAll(peer, Frame(ReplyKey(), 0x1002, 4, IrdOrd(0x8001, 0x4001)));
   Expect(client_.channel, RDMA_CM_EVENT_ESTABLISHED);
@@ -319,7 +335,7 @@ TEST_F(ActiveWire, SilentServerTimesOut) {
   Bytes request;
   const auto start = std::chrono::steady_clock::now();
   Fd peer = Start(24, &request);
-  EXPECT_EQ(request, SiwRequestWithL());
+  EXPECT_EQ(request, SiwRequest());
   const EventCopy e = Expect(client_.channel, RDMA_CM_EVENT_UNREACHABLE, 3000ms);
   EXPECT_EQ(e.status, -ETIMEDOUT);
   const auto took = std::chrono::steady_clock::now() - start;
@@ -421,6 +437,20 @@ class PassiveWire : public LeakCheck {
   std::vector<rdma_cm_id*> accepted_;
 };
 
+// The Reply to siw's Request is what a siw Responder sends back (its Request
+// header with the Reply key, IRD/ORD 1/1), octet for octet: no reserved bit.
+TEST_F(PassiveWire, DefaultReplyIsLinuxSiwsOctetForOctet) {
+  Fd raw;
+  rdma_cm_id* id = Request(raw, SiwRequest());
+  ASSERT_NE(id, nullptr);
+  ASSERT_EQ(rdma_accept(id, nullptr), 0);
+  const Bytes siw = {0x4d, 0x50, 0x41, 0x20, 0x49, 0x44, 0x20, 0x52,   // "MPA ID R"
+                     0x65, 0x70, 0x20, 0x46, 0x72, 0x61, 0x6d, 0x65,   // "ep Frame"
+                     0x10, 0x02, 0x00, 0x04, 0x00, 0x01, 0x00, 0x01};
+  EXPECT_EQ(ReadN(raw, 24), siw);
+  Expect(listener_.channel, RDMA_CM_EVENT_ESTABLISHED);
+}
+
 TEST_F(PassiveWire, LinuxSiwRequestGetsAnEnhancedReply) {
   Fd raw;
   EventCopy req;
@@ -440,7 +470,25 @@ TEST_F(PassiveWire, LinuxSiwRequestGetsAnEnhancedReply) {
   Expect(listener_.channel, RDMA_CM_EVENT_DISCONNECTED);
 }
 
-TEST_F(PassiveWire, LinuxSiwTryGsoRequestGetsLInTheReply) {
+TEST_F(PassiveWire, LinuxSiwTryGsoRequestGetsAStandardReplyByDefault) {
+  Fd raw;
+  rdma_cm_id* id = Request(raw, SiwRequestWithL());
+  ASSERT_NE(id, nullptr);
+  ASSERT_EQ(rdma_accept(id, nullptr), 0);
+  EXPECT_EQ(ReadN(raw, 24), Frame(ReplyKey(), /*S, Rev 2*/ 0x1002, 4, IrdOrd(0x0001, 0x0001)));
+  Expect(listener_.channel, RDMA_CM_EVENT_ESTABLISHED);
+  EXPECT_EQ(Info(id).large_fpdus, 0u);
+}
+
+class PassiveWireWithLargeFpdus : public PassiveWire {
+ protected:
+  void SetUp() override {
+    configure_ = [](siwx_cm_mpa_options& o) { o.large_fpdus = 1; };
+    PassiveWire::SetUp();
+  }
+};
+
+TEST_F(PassiveWireWithLargeFpdus, LinuxSiwTryGsoRequestGetsLInTheReply) {
   Fd raw;
   rdma_cm_id* id = Request(raw, SiwRequestWithL());
   ASSERT_NE(id, nullptr);

@@ -71,6 +71,40 @@ TEST(EngineWire, CrcFieldIsZeroWithoutCrc) {
   EXPECT_EQ(link.peer->raw(), want);
 }
 
+TEST(EngineWire, TakesFpdusOfAnyLengthWithoutTheLargeFpduAgreement) {
+  // RFC 5044 4.5: MULPDU bounds what a sender sends; a receiver takes any
+  // ULPDU_Length up to 65535. Without the (non-standard) large-FPDU
+  // agreement and with our own FPDUs small, a peer's 64 KiB FPDUs, such as
+  // a siw with try_gso sends, are placed like any other.
+  Node node;
+  LinkOptions o;
+  o.crc = true;
+  o.max_ulpdu = 512;
+  o.large_fpdus = false;
+  RawLink link(node, o, Transport::kTcp);
+  constexpr std::size_t kWrite = mpa::kMaxUlpduLength - rdmap::kDdpTaggedHeaderSize;
+  constexpr std::size_t kSend = mpa::kMaxUlpduLength - rdmap::kDdpUntaggedHeaderSize;
+  Buffer sink(kWrite);
+  const std::uint32_t stag = sink.Register(node.memory(), node.pd, kAllRemote);
+  Buffer inbox(kSend);
+  const std::uint32_t inbox_key = inbox.Register(node.memory(), node.pd, AccessFlags::kLocalWrite);
+  PostRecv(node, 1, inbox, inbox_key);
+  std::vector<std::uint8_t> write(kWrite);
+  std::vector<std::uint8_t> send(kSend);
+  for (std::size_t i = 0; i < kWrite; ++i) write[i] = PatternByte(31, i);
+  for (std::size_t i = 0; i < kSend; ++i) send[i] = PatternByte(32, i);
+  link.peer->SendHeader(WriteHeader(stag, sink.addr()), write);
+  link.peer->SendHeader(SendHeaderOf(1, 0), send);
+  const auto wc = WaitCompletions(*node.recv_cq, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(wc[0].byte_len, kSend);
+  EXPECT_TRUE(SameBytes(sink.data(), write.data(), kWrite));
+  EXPECT_TRUE(SameBytes(inbox.data(), send.data(), kSend));
+  EXPECT_FALSE(node.events.Has(AsyncEventType::kQpFatal));
+  EXPECT_EQ(node.qp->Query().max_ulpdu, 512u);  // what we send stays small
+}
+
 TEST(EngineWire, WriteSegmentsCarryAdvancingToAndLastOnlyAtTheEnd) {
   Node node;
   LinkOptions o;

@@ -2,7 +2,9 @@
 // must not compute their expectations with the library under test: a bitwise
 // CRC32c (RFC 3720 B.4 parameters, checked against its vectors in
 // fpdu_framing_test), FPDU assembly (RFC 5044 4.1, 4.4) and octet-by-octet
-// marker insertion (RFC 5044 4.3).
+// marker insertion (RFC 5044 4.3). With markers, the CRC covers the FPDU as
+// sent, markers included (RFC 5044 4.3, 4.4): use MarkedFpdu, not
+// InsertMarkers over an UnmarkedFpdu with a CRC.
 #pragma once
 
 #include <cstddef>
@@ -52,6 +54,35 @@ inline Bytes InsertMarkers(const Bytes& unmarked, std::uint32_t grid_offset) {
     if (i == 0) field_at = wire.size();
     wire.push_back(unmarked[i]);
     ++pos;
+  }
+  return wire;
+}
+
+// An FPDU as it goes out at `grid_offset` with markers: markers inserted as
+// InsertMarkers does, then the CRC computed over every wire octet before the
+// CRC field's first octet (the markers in front of and inside the FPDU
+// included) and written into the CRC field's four octets, wherever they are.
+inline Bytes MarkedFpdu(const Bytes& ulpdu, bool crc_enabled, std::uint32_t grid_offset,
+                        std::uint8_t pad_octet = 0) {
+  const Bytes unmarked = UnmarkedFpdu(ulpdu, false, pad_octet);  // CRC field zero
+  Bytes wire = InsertMarkers(unmarked, grid_offset);
+  // Wire index of each unmarked octet: walk both and skip the markers.
+  std::vector<std::size_t> at;
+  std::size_t pos = grid_offset;
+  std::size_t w = 0;
+  for (std::size_t i = 0; i < unmarked.size(); ++i) {
+    if (pos % 512 == 0) {
+      w += 4;
+      pos += 4;
+    }
+    at.push_back(w++);
+    ++pos;
+  }
+  if (!crc_enabled) return wire;
+  const std::size_t crc_first = at[unmarked.size() - 4];
+  const std::uint32_t crc = Crc32c(Bytes(wire.begin(), wire.begin() + crc_first));
+  for (int i = 0; i < 4; ++i) {
+    wire[at[unmarked.size() - 4 + i]] = static_cast<std::uint8_t>(crc >> (8 * i));
   }
   return wire;
 }

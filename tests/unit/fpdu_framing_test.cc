@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "test_tools/fpdu_reference.h"
+#include "test_tools/mpa_crc_vectors.h"
 
 namespace siwx::mpa {
 namespace {
@@ -218,8 +219,9 @@ TEST(FpduFramer, StreamStartBeginsWithTheSpecialFirstMarker) {
   EXPECT_EQ(Bytes(wire.begin(), wire.begin() + 6),
             (Bytes{0x00, 0x00, 0x00, 0x00,   // first marker 0x00000000 (7.1.2 rule 7)
                    0x00, 0x16}));            // then ULPDU_Length
-  // The CRC does not cover the marker: same CRC as without markers.
-  EXPECT_EQ(Bytes(wire.end() - 4, wire.end()), (Bytes{0x71, 0x64, 0x4d, 0x92}));
+  // The CRC covers the marker (RFC 5044 4.3, 4.4): 0xE17F4FF6, not the
+  // 0x924D6471 of the same FPDU without it (test_tools/mpa_crc_vectors.h).
+  EXPECT_EQ(Bytes(wire.end() - 4, wire.end()), (Bytes{0xf6, 0x4f, 0x7f, 0xe1}));
   EXPECT_EQ(framer.marker_grid_offset(), 32u);
 }
 
@@ -234,10 +236,42 @@ TEST(FpduFramer, MarkerInsideAnFpduPointsBackToUlpduLength) {
   ASSERT_EQ(wire.size(), 2u + 40u + 2u + 4u + 4u);
   EXPECT_EQ(Bytes(wire.begin() + 16, wire.begin() + 20),
             (Bytes{0x00, 0x00, 0x00, 0x10}));  // FPDUPTR = 16
-  // Without the marker the octets are the plain FPDU.
+  // Without the marker the octets are the plain FPDU, up to the CRC, which
+  // covers the marker too.
   Bytes unmarked = wire;
   unmarked.erase(unmarked.begin() + 16, unmarked.begin() + 20);
-  EXPECT_EQ(unmarked, reference::UnmarkedFpdu(ulpdu, true));
+  const Bytes plain = reference::UnmarkedFpdu(ulpdu, true);
+  EXPECT_EQ(Bytes(unmarked.begin(), unmarked.end() - 4), Bytes(plain.begin(), plain.end() - 4));
+  EXPECT_EQ(wire, reference::MarkedFpdu(ulpdu, true, 496));
+}
+
+// RFC 5044 4.3, 4.4: the CRC covers the FPDU as sent, markers included.
+// The expected octets, CRC included, were derived apart from this code
+// (test_tools/mpa_crc_vectors.h says how).
+TEST(FpduFramer, CrcCoversTheFirstMarkerInFrontOfTheFpdu) {
+  FpduFramer framer({.crc_enabled = true, .markers_enabled = true, .marker_grid_offset = 0});
+  FpduFrame frame;
+  const ByteSpan payload[] = {ByteSpan(crc_vectors::kSendUlpdu).subspan(18)};
+  ASSERT_EQ(framer.Frame(ByteSpan(crc_vectors::kSendUlpdu).first(18), payload, frame),
+            FrameStatus::kOk);
+  EXPECT_EQ(Flatten(frame.slices()), crc_vectors::kSendAfterFirstMarker);
+  EXPECT_EQ(frame.crc(), 0xE17F4FF6u);
+}
+
+TEST(FpduFramer, CrcCoversAMarkerInsideTheUlpdu) {
+  FpduFramer framer({.crc_enabled = true, .markers_enabled = true, .marker_grid_offset = 504});
+  FpduFrame frame;
+  ASSERT_EQ(framer.Frame(crc_vectors::kWriteUlpdu, {}, frame), FrameStatus::kOk);
+  EXPECT_EQ(Flatten(frame.slices()), crc_vectors::kWriteWithMarkerInUlpdu);
+}
+
+TEST(FpduFramer, CrcCoversAMarkerBetweenPadAndCrc) {
+  FpduFramer framer({.crc_enabled = true, .markers_enabled = true, .marker_grid_offset = 492});
+  FpduFrame frame;
+  const ByteSpan payload[] = {ByteSpan(crc_vectors::kWriteUlpdu).subspan(14)};
+  ASSERT_EQ(framer.Frame(ByteSpan(crc_vectors::kWriteUlpdu).first(14), payload, frame),
+            FrameStatus::kOk);
+  EXPECT_EQ(Flatten(frame.slices()), crc_vectors::kWriteWithMarkerBeforeCrc);
 }
 
 TEST(FpduFramer, MarkerOnTheBoundaryBelongsToTheNextFpduWithPointerZero) {
@@ -286,7 +320,7 @@ TEST(FpduFramer, MarkersAtEveryGridOffsetMatchTheReferenceModel) {
       const std::size_t split = std::min<std::size_t>(ulpdu_len, 18);
       const ByteSpan payload[] = {ByteSpan(ulpdu).subspan(split)};
       ASSERT_EQ(framer.Frame(ByteSpan(ulpdu).first(split), payload, frame), FrameStatus::kOk);
-      const Bytes expected = reference::InsertMarkers(unmarked, offset);
+      const Bytes expected = reference::MarkedFpdu(ulpdu, true, offset);
       ASSERT_EQ(Flatten(frame.slices()), expected) << "len " << ulpdu_len << " offset " << offset;
       ASSERT_EQ(frame.wire_length(), expected.size());
       ASSERT_EQ(frame.marker_count(), (expected.size() - unmarked.size()) / 4);
@@ -310,7 +344,7 @@ TEST(FpduFramer, ConsecutiveFpdusFollowOneGrid) {
     const Bytes wire = Flatten(frame.slices());
     stream.insert(stream.end(), wire.begin(), wire.end());
     const Bytes ref =
-        reference::InsertMarkers(reference::UnmarkedFpdu(ulpdu, true), static_cast<std::uint32_t>(pos % 512));
+        reference::MarkedFpdu(ulpdu, true, static_cast<std::uint32_t>(pos % 512));
     expected.insert(expected.end(), ref.begin(), ref.end());
     pos += ref.size();
   }
@@ -400,7 +434,7 @@ TEST(FpduFramer, MarkerPointerMustFitSixteenBits) {
   ASSERT_EQ(UnmarkedFpduLength(fits.size()), 65532u);
   ASSERT_EQ(framer.Frame(fits, {}, frame), FrameStatus::kOk);
   const Bytes wire = Flatten(frame.slices());
-  EXPECT_EQ(wire, reference::InsertMarkers(reference::UnmarkedFpdu(fits, true), 4));
+  EXPECT_EQ(wire, reference::MarkedFpdu(fits, true, 4));
   EXPECT_EQ(frame.marker_count(), 128u);
   EXPECT_EQ(Bytes(wire.begin() + 65532, wire.begin() + 65536), (Bytes{0, 0, 0xFF, 0xFC}));
   FpduFramer other({.markers_enabled = true, .marker_grid_offset = 4});

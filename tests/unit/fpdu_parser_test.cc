@@ -17,6 +17,7 @@
 #include "common/wire/fpdu.h"
 
 #include "test_tools/fpdu_reference.h"
+#include "test_tools/mpa_crc_vectors.h"
 
 namespace siwx::mpa {
 namespace {
@@ -34,10 +35,11 @@ struct StreamShape {
 Bytes ReferenceStream(const std::vector<Bytes>& ulpdus, const StreamShape& shape) {
   Bytes stream;
   for (const Bytes& ulpdu : ulpdus) {
-    Bytes fpdu = reference::UnmarkedFpdu(ulpdu, shape.crc);
-    if (shape.markers) {
-      fpdu = reference::InsertMarkers(fpdu, static_cast<std::uint32_t>((shape.grid + stream.size()) % 512));
-    }
+    const Bytes fpdu =
+        shape.markers
+            ? reference::MarkedFpdu(ulpdu, shape.crc,
+                                    static_cast<std::uint32_t>((shape.grid + stream.size()) % 512))
+            : reference::UnmarkedFpdu(ulpdu, shape.crc);
     stream.insert(stream.end(), fpdu.begin(), fpdu.end());
   }
   return stream;
@@ -265,15 +267,8 @@ TEST(FpduParser, HandWrittenSendWithCrc) {
 }
 
 TEST(FpduParser, HandWrittenStreamStartWithFirstMarker) {
-  const Bytes stream = {
-      0x00, 0x00, 0x00, 0x00,                          // first marker (7.1.2 rule 7)
-      0x00, 0x16,                                      // ULPDU_Length = 22
-      0x41, 0x43, 0x00, 0x00, 0x00, 0x00,              // controls, RsvdULP
-      0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01,  // QN 0, MSN 1
-      0x00, 0x00, 0x00, 0x00,                          // MO 0
-      0x61, 0x62, 0x63, 0x64,                          // "abcd"
-      0x71, 0x64, 0x4d, 0x92,                          // CRC: markers not covered
-  };
+  // The marker in front of the FPDU is covered by its CRC (RFC 5044 4.3, 4.4).
+  const Bytes& stream = crc_vectors::kSendAfterFirstMarker;
   FpduParser parser(Config({.crc = true, .markers = true, .grid = 0}));
   Recorder recorder;
   EXPECT_EQ(parser.Feed(stream, recorder), stream.size());
@@ -299,6 +294,24 @@ TEST(FpduParser, HandWrittenTaggedWriteWithPad) {
   EXPECT_EQ(FeedAll(stream, Config({.crc = true}), Chunking::kByteAtATime),
             (std::vector<Event>{HeaderEvent(ulpdu, 14, false), PayloadEvent(0, {0x5A}),
                                 CompleteEvent(15, true)}));
+}
+
+TEST(FpduParser, HandWrittenMarkerInsideTheUlpduIsCoveredByTheCrc) {
+  const Bytes& ulpdu = crc_vectors::kWriteUlpdu;
+  const std::vector<Event> expected = {HeaderEvent(ulpdu, 14, false), PayloadEvent(0, {0x5A}),
+                                       CompleteEvent(15, true)};
+  const FpduParserConfig config = Config({.crc = true, .markers = true, .grid = 504});
+  EXPECT_EQ(FeedAll(crc_vectors::kWriteWithMarkerInUlpdu, config, Chunking::kWhole), expected);
+  EXPECT_EQ(FeedAll(crc_vectors::kWriteWithMarkerInUlpdu, config, Chunking::kByteAtATime), expected);
+}
+
+TEST(FpduParser, HandWrittenMarkerBetweenPadAndCrcIsCoveredByTheCrc) {
+  const Bytes& ulpdu = crc_vectors::kWriteUlpdu;
+  const std::vector<Event> expected = {HeaderEvent(ulpdu, 14, false), PayloadEvent(0, {0x5A}),
+                                       CompleteEvent(15, true)};
+  const FpduParserConfig config = Config({.crc = true, .markers = true, .grid = 492});
+  EXPECT_EQ(FeedAll(crc_vectors::kWriteWithMarkerBeforeCrc, config, Chunking::kWhole), expected);
+  EXPECT_EQ(FeedAll(crc_vectors::kWriteWithMarkerBeforeCrc, config, Chunking::kByteAtATime), expected);
 }
 
 // --- Lengths ----------------------------------------------------------------
@@ -491,21 +504,26 @@ TEST(FpduParser, PadIsIgnoredExceptByTheCrc) {
 
 // A stream of two FPDUs, the first containing markers: grid offset 100, so
 // markers sit 412 and 924 octets into the first FPDU.
+// Two FPDUs from grid offset 100: markers 412 and 924 octets in, both inside
+// the first FPDU. With CRC on, the CRC covers them (RFC 5044 4.3, 4.4).
 struct MarkedPair {
+  explicit MarkedPair(bool crc = true) : shape{.crc = crc, .markers = true, .grid = 100} {}
   std::vector<Bytes> ulpdus = {MakeUlpdu(1200, 1, 16), MakeUlpdu(40, 0, 17)};
-  StreamShape shape{.crc = true, .markers = true, .grid = 100};
+  StreamShape shape;
   Bytes stream = ReferenceStream(ulpdus, shape);
 };
 
 TEST(FpduParser, MarkerPointingWrongIsAMarkerMismatchAfterTheFpdu) {
-  MarkedPair pair;
+  // CRC off: only the marker check can notice (with CRC on, the CRC over the
+  // marker catches it first; see CrcMismatchTakesPrecedenceOverMarkerMismatch).
+  MarkedPair pair(/*crc=*/false);
   ASSERT_EQ(Bytes(pair.stream.begin() + 412, pair.stream.begin() + 416), (Bytes{0, 0, 0x01, 0x9C}));
   Bytes stream = pair.stream;
   stream[415] = 0xA0;  // FPDUPTR 0x01A0 = 416: four octets off
   const std::vector<Event> events = FeedAll(stream, Config(pair.shape), Chunking::kRandom);
   // Header and payload went out (direct placement); then the error instead of
   // the completion, and nothing of the second FPDU.
-  const std::vector<Event> good = ExpectedEvents(pair.ulpdus, true);
+  const std::vector<Event> good = ExpectedEvents(pair.ulpdus, false);
   ASSERT_EQ(events.size(), 3u);
   EXPECT_EQ(events[0], good[0]);
   EXPECT_EQ(events[1], good[1]);
@@ -513,17 +531,24 @@ TEST(FpduParser, MarkerPointingWrongIsAMarkerMismatchAfterTheFpdu) {
 }
 
 TEST(FpduParser, MarkerPointerLowBitsAndReservedHalfAreIgnored) {
-  MarkedPair pair;
-  Bytes stream = pair.stream;
-  stream[415] |= 0x03;  // FPDUPTR low two bits: read as zero
-  stream[924] = 0x12;   // reserved half of the second marker
-  stream[925] = 0x34;
-  FpduParser parser(Config(pair.shape));
-  Recorder recorder;
-  EXPECT_EQ(parser.Feed(stream, recorder), stream.size());
-  EXPECT_EQ(Normalize(recorder.events), ExpectedEvents(pair.ulpdus, true));
-  EXPECT_EQ(parser.markers_seen(), 2u);
-  EXPECT_EQ(parser.markers_with_reserved_bits(), 1u);
+  // Ignored by the marker check (RFC 5044 4.3), but not by the CRC.
+  for (const bool crc : {false, true}) {
+    MarkedPair pair(crc);
+    Bytes stream = pair.stream;
+    stream[415] |= 0x03;  // FPDUPTR low two bits: read as zero
+    stream[924] = 0x12;   // reserved half of the second marker
+    stream[925] = 0x34;
+    FpduParser parser(Config(pair.shape));
+    Recorder recorder;
+    parser.Feed(stream, recorder);
+    if (crc) {
+      EXPECT_EQ(recorder.events.back(), ErrorEvent(MpaError::kCrcMismatch));
+      continue;
+    }
+    EXPECT_EQ(Normalize(recorder.events), ExpectedEvents(pair.ulpdus, false));
+    EXPECT_EQ(parser.markers_seen(), 2u);
+    EXPECT_EQ(parser.markers_with_reserved_bits(), 1u);
+  }
 }
 
 TEST(FpduParser, CrcMismatchTakesPrecedenceOverMarkerMismatch) {
@@ -536,9 +561,9 @@ TEST(FpduParser, CrcMismatchTakesPrecedenceOverMarkerMismatch) {
 }
 
 TEST(FpduParser, EachMarkerOctetFlipped) {
-  // Flips in the reserved half or the low FPDUPTR bits are ignored; any other
-  // FPDUPTR bit is a marker mismatch (the CRC, which skips markers, is fine).
-  MarkedPair pair;
+  // CRC off: flips in the reserved half or the low FPDUPTR bits are ignored;
+  // any other FPDUPTR bit is a marker mismatch.
+  MarkedPair pair(/*crc=*/false);
   for (std::size_t pos = 412; pos < 416; ++pos) {
     for (int bit = 0; bit < 8; ++bit) {
       Bytes stream = pair.stream;
@@ -546,9 +571,26 @@ TEST(FpduParser, EachMarkerOctetFlipped) {
       const std::vector<Event> events = FeedAll(stream, Config(pair.shape), Chunking::kWhole);
       const bool ignored = pos < 414 || (pos == 415 && bit < 2);
       if (ignored) {
-        EXPECT_EQ(events, ExpectedEvents(pair.ulpdus, true)) << pos << " " << bit;
+        EXPECT_EQ(events, ExpectedEvents(pair.ulpdus, false)) << pos << " " << bit;
       } else {
         EXPECT_EQ(events.back(), ErrorEvent(MpaError::kMarkerMismatch)) << pos << " " << bit;
+      }
+    }
+  }
+}
+
+TEST(FpduParser, WithCrcEveryMarkerBitIsCovered) {
+  // RFC 5044 4.3, 4.4: the CRC covers the FPDU as sent, markers included, so
+  // with CRC on a flip of any marker bit, even one the marker check ignores,
+  // is a CRC mismatch (code 2), which wins over a marker mismatch (8).
+  MarkedPair pair(/*crc=*/true);
+  for (const std::size_t marker : {412u, 924u}) {
+    for (std::size_t pos = marker; pos < marker + 4; ++pos) {
+      for (int bit = 0; bit < 8; ++bit) {
+        Bytes stream = pair.stream;
+        stream[pos] ^= static_cast<std::uint8_t>(1u << bit);
+        const std::vector<Event> events = FeedAll(stream, Config(pair.shape), Chunking::kRandom);
+        EXPECT_EQ(events.back(), ErrorEvent(MpaError::kCrcMismatch)) << pos << " " << bit;
       }
     }
   }
