@@ -268,7 +268,8 @@ BindStatus Qp::Bind(std::unique_ptr<transport::TcpStream> stream, const StreamPa
     terminate_received_.reset();
     local_error_.reset();
   }
-  rtr_received_.store(params.rtr_role != RtrRole::kAwait, std::memory_order_release);
+  rtr_received_.store(params.rtr_role != RtrRole::kAwait && !params.await_first_fpdu,
+                      std::memory_order_release);
   teardown_deadline_.store(0, std::memory_order_release);
   LockTxExclusive();
   tx_.Start(params, max_ulpdu);
@@ -501,6 +502,11 @@ void Qp::Attach() {
     attached_ = true;
     UnlockTxExclusive();
   }
+  first_fpdu_deadline_.reset();
+  if (params.first_fpdu_timeout.count() > 0 && !rtr_received_.load(std::memory_order_acquire)) {
+    first_fpdu_deadline_ = std::chrono::steady_clock::now() + params.first_fpdu_timeout;
+    engine_->ScheduleTimer(shared_from_this(), *first_fpdu_deadline_);
+  }
   if (!driven_) {
     config_.recv_cq->AddDriver(this);
     driven_ = true;
@@ -643,6 +649,19 @@ void Qp::FlushReceives() {
 
 void Qp::OnTimer(std::chrono::steady_clock::time_point now) {
   if (detached_ || !attached_) return;
+  if (first_fpdu_deadline_ && now >= *first_fpdu_deadline_) {
+    first_fpdu_deadline_.reset();
+    if (!rtr_received_.load(std::memory_order_acquire)) {
+      // RFC 5044 7.1.2 rules 4 and 10: no first FPDU (or RTR) in time. We
+      // may send no FPDU before it, a Terminate included: reset the stream.
+      ErrorReport report;
+      report.cause = rdmap::TerminateCause::MpaConnectionLost();
+      report.event = AsyncEventType::kQpFatal;
+      report.abort = true;
+      RaiseError(report);
+      return;
+    }
+  }
   const std::chrono::steady_clock::rep deadline = teardown_deadline_.load(std::memory_order_acquire);
   if (deadline == 0 || now.time_since_epoch().count() < deadline) return;
   if (finalized_ && !stream_) return;  // gone in time

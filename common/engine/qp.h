@@ -346,7 +346,9 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
 
   QpStateMachine state_;                 // atomic
   std::atomic<bool> destroyed_{false};   // Destroy called
-  std::atomic<bool> rtr_received_{false};  // RX -> TX: the peer's RTR arrived
+  // RX -> TX: we may transmit (the peer's RTR, or the first FPDU a
+  // responder waits for, arrived; true at once otherwise).
+  std::atomic<bool> rtr_received_{false};
   // The teardown bound of the current stream in steady_clock ticks; 0 until
   // the stream starts ending (set once per stream, cleared at Bind/RESET).
   std::atomic<std::chrono::steady_clock::rep> teardown_deadline_{0};
@@ -398,6 +400,8 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   bool finalized_ = false;     // same: Finalize ran
   bool detached_ = false;      // same
   bool driven_ = false;        // progress thread: registered with the receive CQ as a driver
+  // Progress thread: when the wait for the first FPDU / the RTR ends.
+  std::optional<std::chrono::steady_clock::time_point> first_fpdu_deadline_;
 
   // Counters: single writer each (gate holder for tx_*, progress thread for
   // rx_*), relaxed atomics so readers need no lock.

@@ -611,6 +611,12 @@ void QpRx::OnFpduComplete() {
       break;
   }
   segment_ = Segment::kNone;
+  // RFC 5044 7.1.2 rule 4: a responder sends once one FPDU has arrived and
+  // been validated (with an RTR, the RTR did it above).
+  if (!stopped_ && !awaiting_rtr_ && !qp_.rtr_received_.load(std::memory_order_relaxed)) {
+    qp_.rtr_received_.store(true, std::memory_order_release);
+    qp_.KickTx();
+  }
 }
 
 void QpRx::CompleteSend() {
