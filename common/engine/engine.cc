@@ -1,5 +1,6 @@
 #include "common/engine/engine.h"
 
+#include <algorithm>
 #include <array>
 #include <utility>
 
@@ -139,7 +140,7 @@ void Engine::Emit(const AsyncEvent& event) const {
 void Engine::Run() {
   std::array<transport::Poller::Event, 64> events{};
   while (!stop_.load(std::memory_order_acquire)) {
-    const int n = poller_.Wait(events, -1);
+    const int n = poller_.Wait(events, TimerWaitMs());
     bool rung = false;
     for (int i = 0; i < n; ++i) {
       const transport::Poller::Event& ev = events[static_cast<std::size_t>(i)];
@@ -153,7 +154,42 @@ void Engine::Run() {
     }
     if (rung) doorbell_.Drain();
     RunCommands();
+    RunTimers();
   }
+}
+
+void Engine::ScheduleTimer(const std::shared_ptr<Qp>& qp, TimerClock::time_point when) {
+  bool earliest;
+  {
+    std::lock_guard lock(timer_mutex_);
+    earliest = timers_.empty() || when < timers_.begin()->first;
+    timers_.emplace(when, qp);
+  }
+  // The progress thread sleeps until the earliest timer it knew of.
+  if (earliest && !OnProgressThread()) doorbell_.Ring();
+}
+
+int Engine::TimerWaitMs() {
+  std::lock_guard lock(timer_mutex_);
+  if (timers_.empty()) return -1;
+  const auto left = timers_.begin()->first - TimerClock::now();
+  if (left <= TimerClock::duration::zero()) return 0;
+  // Rounded up, so the wait never ends just before the deadline.
+  const auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
+  return static_cast<int>(std::min<long long>(ms, 60'000));
+}
+
+void Engine::RunTimers() {
+  const TimerClock::time_point now = TimerClock::now();
+  std::vector<std::shared_ptr<Qp>> due;
+  {
+    std::lock_guard lock(timer_mutex_);
+    while (!timers_.empty() && timers_.begin()->first <= now) {
+      if (std::shared_ptr<Qp> qp = timers_.begin()->second.lock()) due.push_back(std::move(qp));
+      timers_.erase(timers_.begin());
+    }
+  }
+  for (const std::shared_ptr<Qp>& qp : due) qp->OnTimer(now);
 }
 
 void Engine::RunCommands() {

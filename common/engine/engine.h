@@ -24,13 +24,22 @@
 // SubmitAndWait waits on `command_cv_` for its ticket (never when called on
 // the progress thread itself, where it only submits).
 //
+// Time: the progress thread also runs QP timers (ScheduleTimer): the
+// teardown bound and the responder's wait for the first FPDU. `timer_mutex_`
+// guards the timer list; epoll_wait sleeps until the earliest one, and a
+// timer earlier than that rings the doorbell. A timer only says "look at
+// this QP at this time": the QP keeps its own deadlines and decides
+// (Qp::OnTimer), so a stale timer does nothing.
+//
 // Limits: one progress thread per Engine; Engine must outlive every use of
 // its QPs. Destroying the Engine destroys the remaining QPs (no completions).
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -43,9 +52,16 @@
 
 namespace siwx::engine {
 
+// How long a QP's stream may take from an error or a close (Disconnect, a
+// Terminate sent or received, the peer's FIN) to being gone: what is still
+// queued (the Terminate, the FIN) gets this long to leave and the peer this
+// long to close; then the stream is reset (RST) and every WR flushed.
+inline constexpr std::chrono::milliseconds kDefaultTeardownTimeout{10000};
+
 struct EngineConfig {
   MemoryTable::Options memory;
   AsyncEventCallback on_async_event;  // called on the thread that found the event
+  std::chrono::milliseconds teardown_timeout = kDefaultTeardownTimeout;  // must be positive
 };
 
 enum class CreateQpStatus : std::uint8_t {
@@ -61,6 +77,8 @@ class Engine {
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
+
+  using TimerClock = std::chrono::steady_clock;
 
   MemoryTable& memory() { return memory_; }
   const MemoryTable& memory() const { return memory_; }
@@ -92,6 +110,13 @@ class Engine {
   void Execute(const Command& command);
   // Queues a command for the progress thread; returns its ticket.
   std::uint64_t Submit(Command command);
+  // Calls qp->OnTimer on the progress thread at `when` or soon after (any
+  // thread; nothing happens if the QP is gone by then).
+  void ScheduleTimer(const std::shared_ptr<Qp>& qp, TimerClock::time_point when);
+  // epoll_wait's timeout until the earliest timer (-1: none).
+  int TimerWaitMs();
+  void RunTimers();
+  std::chrono::milliseconds teardown_timeout() const { return config_.teardown_timeout; }
   // Submits and waits until it ran, unless on the progress thread or the
   // engine is stopping (then it only submits).
   void SubmitAndWait(Command command);
@@ -115,6 +140,9 @@ class Engine {
   std::uint64_t completed_ticket_ = 0;  // guarded by command_mutex_
   bool stopping_ = false;               // guarded by command_mutex_
   std::thread::id thread_id_;           // written before the thread runs (under command_mutex_)
+
+  std::mutex timer_mutex_;
+  std::multimap<TimerClock::time_point, std::weak_ptr<Qp>> timers_;  // guarded by timer_mutex_
 
   std::atomic<bool> stop_{false};
   std::thread thread_;

@@ -217,6 +217,7 @@ QpStatus Qp::Modify(QpState target, std::optional<QpState> expected_current) {
       tx_close_ = TxClose::kGraceful;
       tx_mail_.store(true, std::memory_order_release);
     }
+    ArmTeardown();
     KickTx();
   }
   if ((t.actions & (kQpActionFlushQueues | kQpActionDiscardQueues)) != 0) {
@@ -267,7 +268,9 @@ BindStatus Qp::Bind(std::unique_ptr<transport::TcpStream> stream, const StreamPa
     terminate_received_.reset();
     local_error_.reset();
   }
-  rtr_received_.store(params.rtr_role != RtrRole::kAwait, std::memory_order_release);
+  rtr_received_.store(params.rtr_role != RtrRole::kAwait && !params.await_first_fpdu,
+                      std::memory_order_release);
+  teardown_deadline_.store(0, std::memory_order_release);
   LockTxExclusive();
   tx_.Start(params, max_ulpdu);
   UnlockTxExclusive();
@@ -431,6 +434,7 @@ bool Qp::RaiseError(const ErrorReport& report) {
       tx_terminate_ = report.terminate;
       tx_mail_.store(true, std::memory_order_release);
     }
+    ArmTeardown();
     KickTx();
   } else if (report.peer_terminated && !report.abort) {
     state_.Handle(QpEvent::kTerminateReceived);
@@ -439,6 +443,7 @@ bool Qp::RaiseError(const ErrorReport& report) {
       tx_close_ = TxClose::kStop;
       tx_mail_.store(true, std::memory_order_release);
     }
+    ArmTeardown();
     KickTx();
   } else {
     state_.Handle(QpEvent::kLocalError);
@@ -456,6 +461,16 @@ void Qp::RecordTerminateReceived(const rdmap::TerminateHeader& header) {
 
 void Qp::RequestFinalize(std::uint32_t flags) {
   engine_->Submit({Engine::CommandKind::kFinalize, shared_from_this(), flags});
+}
+
+void Qp::ArmTeardown() {
+  const auto deadline = std::chrono::steady_clock::now() + engine_->teardown_timeout();
+  std::chrono::steady_clock::rep unarmed = 0;
+  if (!teardown_deadline_.compare_exchange_strong(unarmed, deadline.time_since_epoch().count(),
+                                                  std::memory_order_acq_rel)) {
+    return;  // armed already: the first start of the end counts
+  }
+  engine_->ScheduleTimer(shared_from_this(), deadline);
 }
 
 // ---- Progress thread ----
@@ -486,6 +501,11 @@ void Qp::Attach() {
     rx_.Start(params);
     attached_ = true;
     UnlockTxExclusive();
+  }
+  first_fpdu_deadline_.reset();
+  if (params.first_fpdu_timeout.count() > 0 && !rtr_received_.load(std::memory_order_acquire)) {
+    first_fpdu_deadline_ = std::chrono::steady_clock::now() + params.first_fpdu_timeout;
+    engine_->ScheduleTimer(shared_from_this(), *first_fpdu_deadline_);
   }
   if (!driven_) {
     config_.recv_cq->AddDriver(this);
@@ -531,9 +551,11 @@ void Qp::Finalize(std::uint32_t flags) {
       stream_.reset();
     }
     // Otherwise the FIN is out and the receive side drains until the peer
-    // closes (closing now with unread data would turn our FIN into a RST).
+    // closes (closing now with unread data would turn our FIN into a RST),
+    // within the teardown bound.
   }
   UnlockTxExclusive();
+  if (stream_) ArmTeardown();
 
   if (discard) {
     rx_.Stop();
@@ -579,6 +601,7 @@ void Qp::Finalize(std::uint32_t flags) {
     error_raised_ = false;
     attached_ = false;
     finalized_ = false;
+    teardown_deadline_.store(0, std::memory_order_release);
   } else {
     finalized_ = true;
     if (config_.srq != nullptr && had_stream) EmitEvent(AsyncEventType::kQpLastWqeReached);
@@ -622,6 +645,39 @@ void Qp::FlushReceives() {
     wc.qp_num = qp_num_;
     PushRecvCompletion(wc, false);
   }
+}
+
+void Qp::OnTimer(std::chrono::steady_clock::time_point now) {
+  if (detached_ || !attached_) return;
+  if (first_fpdu_deadline_ && now >= *first_fpdu_deadline_) {
+    first_fpdu_deadline_.reset();
+    if (!rtr_received_.load(std::memory_order_acquire)) {
+      // RFC 5044 7.1.2 rules 4 and 10: no first FPDU (or RTR) in time. We
+      // may send no FPDU before it, a Terminate included: reset the stream.
+      ErrorReport report;
+      report.cause = rdmap::TerminateCause::MpaConnectionLost();
+      report.event = AsyncEventType::kQpFatal;
+      report.abort = true;
+      RaiseError(report);
+      return;
+    }
+  }
+  const std::chrono::steady_clock::rep deadline = teardown_deadline_.load(std::memory_order_acquire);
+  if (deadline == 0 || now.time_since_epoch().count() < deadline) return;
+  if (finalized_ && !stream_) return;  // gone in time
+  if (!finalized_) {
+    // The Terminate or FIN is still stuck behind data the peer does not
+    // read (or does not acknowledge): the stream ends with an RST and the
+    // QP reports a lost connection, unless an error says more already.
+    std::lock_guard lock(info_mutex_);
+    if (!error_raised_) {
+      error_raised_ = true;
+      local_error_ = rdmap::TerminateCause::MpaConnectionLost();
+    }
+  }
+  // Not finalized: flush, Error, stream closed with RST. Finalized but the
+  // peer never closed its side: only the RST.
+  Finalize(kFinalizeAbort);
 }
 
 void Qp::OnPollEvent(bool readable, bool writable, bool hangup) {

@@ -24,6 +24,12 @@
 //    is the last message we send, then FIN; the QP goes to Error and every
 //    outstanding WR completes, the failing one with its specific status and
 //    the rest with WrFlushErr.
+//  - Teardown is bounded: from the moment a stream starts ending (a
+//    Terminate to send or received, Disconnect, the peer's FIN) it has the
+//    engine's teardown timeout (EngineConfig) to get its Terminate or FIN
+//    out and to see the peer close; then it is reset (RST), the QP goes to
+//    Error and every WR is flushed. So a peer that stops reading, or
+//    vanishes, never pins a QP.
 //
 // Threading. Three kinds of threads touch a QP:
 //  - application threads: posts, Modify, Query, Bind, Disconnect, Destroy;
@@ -71,6 +77,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -311,12 +318,16 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   // The transmit side is done (Terminate or FIN written, or it gave up):
   // ask the progress thread to finalize.
   void RequestFinalize(std::uint32_t flags);
+  // Starts the teardown bound for the current stream (first call only; any
+  // thread): at its end OnTimer resets the stream.
+  void ArmTeardown();
 
   // ---- Progress thread ----
   void Attach();                       // command: stream into the poller
   void Finalize(std::uint32_t flags);  // command: close, flush, go to ERR
   void Detach();                       // command: Destroy's work
   void FlushReceives();                // command: flush the own RQ
+  void OnTimer(std::chrono::steady_clock::time_point now);  // a timer of ours is due
   void OnPollEvent(bool readable, bool writable, bool hangup);
   // Epoll interest (poll_mutex_): TX arms/disarms write interest; when the
   // peer closed, RX stops read interest (EPOLLIN/EPOLLRDHUP would stay set,
@@ -336,7 +347,12 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
 
   QpStateMachine state_;                 // atomic
   std::atomic<bool> destroyed_{false};   // Destroy called
-  std::atomic<bool> rtr_received_{false};  // RX -> TX: the peer's RTR arrived
+  // RX -> TX: we may transmit (the peer's RTR, or the first FPDU a
+  // responder waits for, arrived; true at once otherwise).
+  std::atomic<bool> rtr_received_{false};
+  // The teardown bound of the current stream in steady_clock ticks; 0 until
+  // the stream starts ending (set once per stream, cleared at Bind/RESET).
+  std::atomic<std::chrono::steady_clock::rep> teardown_deadline_{0};
 
   mutable std::mutex queue_mutex_;
   SendRing sq_;                          // guarded by queue_mutex_
@@ -385,6 +401,8 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   bool finalized_ = false;     // same: Finalize ran
   bool detached_ = false;      // same
   bool driven_ = false;        // progress thread: registered with the receive CQ as a driver
+  // Progress thread: when the wait for the first FPDU / the RTR ends.
+  std::optional<std::chrono::steady_clock::time_point> first_fpdu_deadline_;
 
   // Counters: single writer each (gate holder for tx_*, progress thread for
   // rx_*), relaxed atomics so readers need no lock.

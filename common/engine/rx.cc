@@ -162,8 +162,25 @@ void QpRx::Drain(transport::TcpStream& stream) {
     const transport::IoResult r = stream.Read(MutableByteSpan(staging_.data(), staging_.size()));
     if (r.status == transport::IoStatus::kOk) continue;
     if (r.status == transport::IoStatus::kWouldBlock) return;
-    eof_ = true;  // closed or failed: nothing more will come
+    eof_ = true;  // nothing more will come
+    if (r.status == transport::IoStatus::kClosed) {
+      // The peer's FIN: a Terminate or FIN of ours still queued may get
+      // out, so the socket stays polled for writing (the teardown bound
+      // ends the wait if the peer never reads).
+      qp_.StopReading();
+      return;
+    }
+    // Reset: nothing of ours can reach the peer any more.
     qp_.StopPolling();
+    if (qp_.finalized_) {  // flushed already; only the socket is left
+      qp_.RequestFinalize(Qp::kFinalizeAbort);
+      return;
+    }
+    Qp::ErrorReport report;
+    report.cause = rdmap::TerminateCause::MpaConnectionLost();
+    report.event = AsyncEventType::kQpFatal;
+    report.abort = true;
+    if (!qp_.RaiseError(report)) qp_.RequestFinalize(Qp::kFinalizeAbort);
     return;
   }
 }
@@ -594,6 +611,12 @@ void QpRx::OnFpduComplete() {
       break;
   }
   segment_ = Segment::kNone;
+  // RFC 5044 7.1.2 rule 4: a responder sends once one FPDU has arrived and
+  // been validated (with an RTR, the RTR did it above).
+  if (!stopped_ && !awaiting_rtr_ && !qp_.rtr_received_.load(std::memory_order_relaxed)) {
+    qp_.rtr_received_.store(true, std::memory_order_release);
+    qp_.KickTx();
+  }
 }
 
 void QpRx::CompleteSend() {
@@ -767,6 +790,7 @@ void QpRx::OnPeerClosed() {
       qp_.tx_close_ = TxClose::kGraceful;
       qp_.tx_mail_.store(true, std::memory_order_release);
     }
+    qp_.ArmTeardown();
     qp_.KickTx();
   }
 }

@@ -19,11 +19,20 @@
 // consumes no receive WR) and answers a Read RTR with a zero-length Read
 // Response.
 //
+// First FPDU (RFC 5044 7.1.2 rule 4): "MPA Responder mode implementations
+// MUST receive and validate at least one FPDU before sending any FPDUs or
+// Markers." A responder holds back everything until then; with an RTR that
+// first FPDU is the RTR (RFC 6581 3). Rule 10 asks for a timeout on the
+// wait: when `first_fpdu_timeout` passes without it, the stream is reset
+// (no Terminate: that would be an FPDU, which rule 4 forbids) and the QP
+// fails.
+//
 // Not validated here: whether the values are what the two MPA frames said;
 // the CM owns that. Qp::Bind checks the ranges.
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 
@@ -77,6 +86,12 @@ struct StreamParams {
 
   RtrRole rtr_role = RtrRole::kNone;
   RtrMessage rtr_message = RtrMessage::kSend;
+
+  // Responder: send nothing before one FPDU has arrived and been validated
+  // (RFC 5044 7.1.2 rule 4). Implied by RtrRole::kAwait.
+  bool await_first_fpdu = false;
+  // How long that wait (or the wait for the RTR) may take; 0: no limit.
+  std::chrono::milliseconds first_fpdu_timeout{0};
 };
 
 // The max ULPDU a stream with these parameters sends, given the TCP EMSS (0

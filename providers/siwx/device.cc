@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -31,6 +32,28 @@ pabi::verbs_device* AllocDevice(pabi::verbs_sysfs_dev* /*sysfs_dev*/) noexcept {
 }
 
 void UninitDevice(pabi::verbs_device* vdev) noexcept { delete reinterpret_cast<Device*>(vdev); }
+
+// SIWX_TEARDOWN_TIMEOUT_MS (README, Configuration), read once per process:
+// how long a stream that is ending may take to get its Terminate or FIN out
+// and see the peer close before it is reset (engine::EngineConfig).
+std::chrono::milliseconds TeardownTimeout() {
+  static const std::chrono::milliseconds timeout = [] {
+    constexpr long kMax = 600000;
+    const char* value = std::getenv("SIWX_TEARDOWN_TIMEOUT_MS");
+    if (value == nullptr || value[0] == '\0') return engine::kDefaultTeardownTimeout;
+    char* end = nullptr;
+    errno = 0;
+    const long ms = std::strtol(value, &end, 10);
+    if (errno != 0 || end == value || *end != '\0' || ms < 1 || ms > kMax) {
+      SIWX_LOG(kWarn, "SIWX_TEARDOWN_TIMEOUT_MS='%s' is not a number of milliseconds in "
+                      "1..%ld; using %lld",
+               value, kMax, static_cast<long long>(engine::kDefaultTeardownTimeout.count()));
+      return engine::kDefaultTeardownTimeout;
+    }
+    return std::chrono::milliseconds(ms);
+  }();
+  return timeout;
+}
 
 verbs_context* AllocContext(ibv_device* ibdev, int cmd_fd, void* private_data) noexcept;
 
@@ -116,6 +139,7 @@ verbs_context* AllocContext(ibv_device* ibdev, int cmd_fd, void* /*private_data*
       config.on_async_event = [context](const engine::AsyncEvent& event) {
         OnEngineEvent(context, event);
       };
+      config.teardown_timeout = TeardownTimeout();
       errno = 0;
       state->engine = engine::Engine::Create(std::move(config));
       if (state->engine == nullptr) {

@@ -12,18 +12,26 @@
 // caller must have taken `fd` out of its own epoll sets: the duplicate keeps
 // the socket open after the caller's close.
 //
-// Accepted although engine::StreamParams cannot express them yet: a
-// responder's wait for the first FPDU (wait_first_fpdu, RFC 5044 7.1.2 rule
-// 4) and its timeout; an RTR accept mask with more than one type (the engine
-// expects one message; the one our own Initiator prefers, Write, then Read,
-// then Send, is chosen).
+// The responder's wait for the RTR (RFC 6581 7.1) and its time limit
+// (first_fpdu_timeout_ms) are the engine's: it sends nothing before the RTR
+// and resets the stream when it does not come in time, which the notify
+// reports as the stream's end. The same wait for the first FPDU without an
+// RTR (wait_first_fpdu, RFC 5044 7.1.2 rule 4) only with
+// SIWX_MPA_FIRST_FPDU=strict: held back, a responder that speaks first
+// (ib_write_lat -R: the server writes first) deadlocks against an initiator
+// waiting for it, and Linux siw does not hold back either.
+// Accepted although engine::StreamParams cannot express it yet: an RTR
+// accept mask with more than one type (the engine expects one message; the
+// one our own Initiator prefers, Write, then Read, then Send, is chosen).
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -45,6 +53,19 @@ Qp* OurQp(ibv_qp* ibqp) {
     return nullptr;
   }
   return ToSiwx(ibqp);
+}
+
+// SIWX_MPA_FIRST_FPDU (README, Configuration), read once per process: true
+// for `strict`, false for `relaxed` (the default).
+bool StrictFirstFpdu() {
+  static const bool strict = [] {
+    const char* value = std::getenv("SIWX_MPA_FIRST_FPDU");
+    if (value == nullptr || value[0] == '\0' || std::strcmp(value, "relaxed") == 0) return false;
+    if (std::strcmp(value, "strict") == 0) return true;
+    SIWX_LOG(kWarn, "SIWX_MPA_FIRST_FPDU='%s' is not strict or relaxed; using relaxed", value);
+    return false;
+  }();
+  return strict;
 }
 
 // The caller's parameters with unknown trailing fields as 0: 0 or EINVAL.
@@ -105,10 +126,8 @@ int ToEngine(const siwx_stream_params& in, engine::StreamParams* out) {
     default:
       return EINVAL;
   }
-  if (in.wait_first_fpdu != 0) {
-    SIWX_LOG(kDebug, "wait_first_fpdu: the engine does not hold back its first FPDU; the "
-                     "application's first message sets the order (RFC 5044 7.1.2 rule 4)");
-  }
+  out->await_first_fpdu = in.wait_first_fpdu != 0 && StrictFirstFpdu();
+  out->first_fpdu_timeout = std::chrono::milliseconds(in.first_fpdu_timeout_ms);
   return 0;
 }
 

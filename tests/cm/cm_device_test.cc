@@ -584,5 +584,153 @@ TEST_F(CmDevice, LargeFpdusOnlyWhereBothEndsAgreed) {
   ExpectNoLeaks();
 }
 
+// RFC 6581 7.1 and RFC 5044 7.1.2 rules 4 and 10: a peer-to-peer responder
+// sends nothing until the initiator's RTR, and waits for it at most the MPA
+// timeout. An initiator that completes the MPA exchange and then goes
+// silent: the responder had ESTABLISHED (the exchange completed, as
+// rdma_cm reports it), so what ends its connection is DISCONNECTED, with
+// -ECONNRESET; its WRs are flushed; the initiator gets an RST and not one
+// FPDU (a Terminate would be one, which rule 4 forbids before the RTR).
+TEST_F(CmDevice, SilentPeerToPeerInitiatorIsDisconnectedAfterTheMpaTimeout) {
+  if (dlsym(RTLD_DEFAULT, "siwx_qp_bind_stream") == nullptr) {
+    GTEST_SKIP() << "the provider does not bind streams (CM-only mode)";
+  }
+  constexpr std::uint32_t kMpaMs = 300;
+  Listener l;
+  l.Start(8, [](rdma_cm_id* id) { ShortTimeouts(id, kMpaMs); });
+  Fd raw = RawConnect(l.port);
+  // v2 with S; IRD word: A (peer-to-peer), IRD 1; ORD word: C (RDMA Write
+  // RTR), ORD 1 (RFC 6581 7.1).
+  WriteAll(raw, Frame(RequestKey(), 0x1002, 4, IrdOrd(0x8001, 0x8001)));
+  const EventCopy req = Expect(l.channel, RDMA_CM_EVENT_CONNECT_REQUEST);
+  ASSERT_NE(req.id, nullptr);
+  ibv_qp_init_attr attr = SmallRcQpAttr();
+  if (!CreateQp(req.id, &attr)) {
+    EXPECT_EQ(rdma_destroy_id(req.id), 0);
+    l.Stop();
+    if (provider_missing_) GTEST_SKIP() << "the provider does not create CQs/QPs yet";
+    return;
+  }
+  ASSERT_EQ(rdma_accept(req.id, nullptr), 0);
+  ASSERT_EQ(ReadN(raw, 24).size(), 24u);
+  Expect(l.channel, RDMA_CM_EVENT_ESTABLISHED);
+  const auto established = std::chrono::steady_clock::now();
+  EXPECT_EQ(Info(req.id).rtr_role, static_cast<std::uint32_t>(SIWX_RTR_ROLE_AWAIT));
+
+  // A Send the responder would speak first with: held back, then flushed.
+  char out[8] = "held";
+  const int access = IBV_ACCESS_LOCAL_WRITE;
+  ibv_mr* out_mr = ibv_reg_mr(req.id->pd, out, sizeof(out), access);
+  ASSERT_NE(out_mr, nullptr);
+  ibv_sge sge{reinterpret_cast<std::uintptr_t>(out), sizeof(out), out_mr->lkey};
+  ibv_send_wr swr{};
+  swr.wr_id = 5;
+  swr.sg_list = &sge;
+  swr.num_sge = 1;
+  swr.opcode = IBV_WR_SEND;
+  swr.send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr* bad = nullptr;
+  ASSERT_EQ(ibv_post_send(req.id->qp, &swr, &bad), 0);
+
+  const EventCopy e = Expect(l.channel, RDMA_CM_EVENT_DISCONNECTED, 10000ms);
+  EXPECT_EQ(e.id, req.id);
+  EXPECT_EQ(e.status, -ECONNRESET);
+  EXPECT_LT(std::chrono::steady_clock::now() - established, 5000ms)
+      << "the MPA timeout is " << kMpaMs << " ms";
+  ibv_wc wc{};
+  ASSERT_TRUE(WaitFor([&] { return ibv_poll_cq(req.id->send_cq, 1, &wc) == 1; }, 3000ms));
+  EXPECT_EQ(wc.wr_id, 5u);
+  EXPECT_EQ(wc.status, IBV_WC_WR_FLUSH_ERR);
+  // Nothing after the Reply, then the reset.
+  char octet = 0;
+  pollfd p{raw.get(), POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 3000), 1);
+  EXPECT_EQ(recv(raw.get(), &octet, 1, 0), -1);
+  EXPECT_EQ(errno, ECONNRESET);
+
+  ibv_dereg_mr(out_mr);
+  rdma_destroy_qp(req.id);
+  EXPECT_EQ(rdma_destroy_id(req.id), 0);
+  raw.Reset();
+  l.Stop();
+  ExpectNoLeaks();
+}
+
+// The same wait with a siwx initiator, which sends its RTR at once: the
+// connection outlives the MPA timeout, and then the responder may speak
+// first.
+TEST_F(CmDevice, PeerToPeerConnectionOutlivesTheMpaTimeout) {
+  if (dlsym(RTLD_DEFAULT, "siwx_qp_bind_stream") == nullptr) {
+    GTEST_SKIP() << "the provider does not bind streams (CM-only mode)";
+  }
+  constexpr std::uint32_t kMpaMs = 300;
+  Listener l;
+  l.Start(8, [](rdma_cm_id* id) { ShortTimeouts(id, kMpaMs); });
+  Client c;
+  c.Resolve(l.port, [](rdma_cm_id* id) {
+    ShortTimeouts(id, kMpaMs);
+    SetOptions(id, [](siwx_cm_mpa_options& o) { o.peer_to_peer = 1; });
+  });
+  ibv_qp_init_attr attr = SmallRcQpAttr();
+  if (!CreateQp(c.id, &attr)) {
+    c.Stop();
+    l.Stop();
+    if (provider_missing_) GTEST_SKIP() << "the provider does not create CQs/QPs yet";
+    return;
+  }
+  ASSERT_EQ(c.Connect(), 0);
+  const EventCopy req = Expect(l.channel, RDMA_CM_EVENT_CONNECT_REQUEST);
+  ibv_qp_init_attr sattr = SmallRcQpAttr();
+  ASSERT_TRUE(CreateQp(req.id, &sattr));
+  ASSERT_EQ(rdma_accept(req.id, nullptr), 0);
+  Expect(l.channel, RDMA_CM_EVENT_ESTABLISHED);
+  Expect(c.channel, RDMA_CM_EVENT_ESTABLISHED);
+  EXPECT_EQ(Info(req.id).rtr_role, static_cast<std::uint32_t>(SIWX_RTR_ROLE_AWAIT));
+  // Three MPA timeouts without an event.
+  EXPECT_FALSE(NextEvent(l.channel, std::chrono::milliseconds(3 * kMpaMs)).has_value());
+
+  char out[16] = "responder first";
+  char in[16] = {};
+  const int access = IBV_ACCESS_LOCAL_WRITE;
+  ibv_mr* out_mr = ibv_reg_mr(req.id->pd, out, sizeof(out), access);
+  ibv_mr* in_mr = ibv_reg_mr(c.id->pd, in, sizeof(in), access);
+  ASSERT_NE(out_mr, nullptr);
+  ASSERT_NE(in_mr, nullptr);
+  ibv_sge rsge{reinterpret_cast<std::uintptr_t>(in), sizeof(in), in_mr->lkey};
+  ibv_recv_wr rwr{};
+  rwr.wr_id = 7;
+  rwr.sg_list = &rsge;
+  rwr.num_sge = 1;
+  ibv_recv_wr* bad_r = nullptr;
+  ASSERT_EQ(ibv_post_recv(c.id->qp, &rwr, &bad_r), 0);
+  ibv_sge ssge{reinterpret_cast<std::uintptr_t>(out), sizeof(out), out_mr->lkey};
+  ibv_send_wr swr{};
+  swr.wr_id = 9;
+  swr.sg_list = &ssge;
+  swr.num_sge = 1;
+  swr.opcode = IBV_WR_SEND;
+  swr.send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr* bad_s = nullptr;
+  ASSERT_EQ(ibv_post_send(req.id->qp, &swr, &bad_s), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(WaitFor([&] { return ibv_poll_cq(req.id->send_cq, 1, &wc) == 1; }, 3000ms));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  ASSERT_TRUE(WaitFor([&] { return ibv_poll_cq(c.id->recv_cq, 1, &wc) == 1; }, 3000ms));
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  EXPECT_STREQ(in, "responder first");
+  ibv_dereg_mr(out_mr);
+  ibv_dereg_mr(in_mr);
+
+  ASSERT_EQ(rdma_disconnect(c.id), 0);
+  Expect(c.channel, RDMA_CM_EVENT_DISCONNECTED);
+  Expect(l.channel, RDMA_CM_EVENT_DISCONNECTED, 5000ms);
+  rdma_destroy_qp(req.id);
+  rdma_destroy_qp(c.id);
+  EXPECT_EQ(rdma_destroy_id(req.id), 0);
+  c.Stop();
+  l.Stop();
+  ExpectNoLeaks();
+}
+
 }  // namespace
 }  // namespace siwx::cm::test

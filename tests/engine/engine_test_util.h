@@ -203,6 +203,7 @@ struct NodeOptions {
   std::uint32_t cq_depth = 4096;
   bool sq_sig_all = false;
   ReceiveQueue* srq = nullptr;
+  std::chrono::milliseconds teardown_timeout = kDefaultTeardownTimeout;  // own engine only
 };
 
 // One side: an engine (own or shared), a PD, two CQs and one QP in INIT.
@@ -211,6 +212,7 @@ struct Node {
     if (shared_engine == nullptr) {
       EngineConfig config;
       config.on_async_event = events.Callback();
+      config.teardown_timeout = options.teardown_timeout;
       own_engine = Engine::Create(std::move(config));
       engine = own_engine.get();
     } else {
