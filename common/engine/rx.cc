@@ -84,6 +84,7 @@ void QpRx::Start(const StreamParams& params) {
   send_received_ = 0;
   recv_wr_.reset();
   read_msn_ = 1;
+  responses_owed_ = false;
   response_active_ = false;
   response_received_ = 0;
   terminate_length_ = 0;
@@ -137,6 +138,9 @@ void QpRx::OnReadable(transport::TcpStream& stream) {
     }
     staged_begin_ = 0;
     staged_end_ = 0;
+    // Everything read so far is processed: answer its Read Requests before
+    // reading more (see SendOwedResponses).
+    SendOwedResponses();
     // A short read found the socket empty; the level-triggered poller tells
     // us when more arrives, which saves a recvmsg that would only say EAGAIN.
     if (socket_drained_) break;
@@ -153,8 +157,21 @@ void QpRx::OnReadable(transport::TcpStream& stream) {
   // is still in the socket.
   if (!stopped_ && Staged() > 0) ConsumeStaged();
   ReleaseRefs();
+  SendOwedResponses();
   // After an error, read and drop so the level-triggered poller quiets.
   if (stopped_ && !eof_) Drain(stream);
+}
+
+void QpRx::SendOwedResponses() {
+  // Read Requests are answered once per read, not one by one: every request
+  // that came in the same read (or an earlier one not yet answered) finds
+  // the ones before it outstanding, so a peer that sends more than IRD
+  // requests without waiting for responses is caught however small they
+  // are. A peer that keeps to its ORD cannot send a request before it got
+  // the response it waits for, which leaves only after this kick.
+  if (!responses_owed_) return;
+  responses_owed_ = false;
+  if (!stopped_) qp_.KickTx();
 }
 
 void QpRx::Drain(transport::TcpStream& stream) {
@@ -516,16 +533,22 @@ void QpRx::HeaderReadRequest(const rdmap::DdpRdmapHeader& h) {
     Reject({rdmap::TerminateCause::DdpInvalidMsnRange()});
     return;
   }
-  std::uint32_t outstanding;
-  {
+  auto outstanding = [this] {
     std::lock_guard lock(qp_.queue_mutex_);
-    outstanding = qp_.irq_outstanding_;
-  }
-  // QN 1 holds IRD buffers (RFC 5040 5.2, RFC 5042 6.4.3.3): one more Read
-  // Request finds none.
-  if (outstanding >= params_.ird) {
-    Reject({rdmap::TerminateCause::DdpNoBuffer()});
-    return;
+    return qp_.irq_outstanding_;
+  };
+  // QN 1 holds IRD buffers (RFC 5040 5.2.1: "One RDMA Read Request Message
+  // MUST consume one Untagged Buffer"; 5.2.2: the Data Source provides
+  // buffers for the negotiated number of Reads). A request counts until the
+  // last octet of its response went to the kernel; one more finds no
+  // buffer: DDP "Invalid MSN - no buffer available" (RFC 5041 7.2).
+  if (outstanding() >= params_.ird) {
+    // A sendmsg that just handed a response over may not be counted yet.
+    qp_.WaitForSendAccounting();
+    if (outstanding() >= params_.ird) {
+      Reject({rdmap::TerminateCause::DdpNoBuffer()});
+      return;
+    }
   }
   if (body->read_size > 0) {
     const AccessCheckResult check =
@@ -658,7 +681,7 @@ void QpRx::CompleteReadRequest() {
     ++qp_.irq_outstanding_;
   }
   ++read_msn_;
-  qp_.KickTx();  // Read Responses are produced in request order
+  responses_owed_ = true;  // kicked after this read is processed
 }
 
 void QpRx::CompleteTerminate() {

@@ -115,6 +115,9 @@ class QpRx {
   ReadOutcome ReadIntoStaging(transport::TcpStream& stream);
   ReadOutcome OnReadResult(const transport::IoResult& result);
   void Drain(transport::TcpStream& stream);
+  // Kicks the transmit side for the Read Requests accepted since the last
+  // kick.
+  void SendOwedResponses();
 
   bool HandleEvent(mpa::RxEvent event);
   void OnHeader(const mpa::FpduHeaderInfo& info);
@@ -176,6 +179,7 @@ class QpRx {
   std::optional<ReceiveWorkRequest> recv_wr_;
   // Read Requests (QN 1).
   std::uint32_t read_msn_ = 1;
+  bool responses_owed_ = false;  // accepted since the last kick of the transmit side
   // Read Response in progress (for the ORQ head).
   bool response_active_ = false;
   OrqEntry response_;

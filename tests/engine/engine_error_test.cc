@@ -345,6 +345,77 @@ TEST_F(ErrorTest, ReadRequestBeyondIrd) {
                    AsyncEventType::kQpRequestError);
 }
 
+// RFC 5040 5.2.1: "One RDMA Read Request Message MUST consume one Untagged
+// Buffer." 5.2.2: "The Data Source MUST ensure that a sufficient number of
+// Untagged Buffers are available on the RDMA Read Request Queue (Queue with
+// DDP Queue Number 1) to support the maximum number of RDMA Read Requests
+// negotiated by the ULP." A request beyond the IRD finds no QN 1 buffer: the
+// DDP Untagged Buffer error "Invalid MSN - no buffer available" (1/2/1,
+// RFC 5041 7.2; Linux siw answers an IRQ overflow the same way), checked
+// like every Untagged DDP Segment field (RFC 5040 7.2 rule 1). A request is
+// outstanding until the last octet of its response went to the kernel, so
+// small requests that arrive together cannot free each other's slot.
+TEST_F(ErrorTest, BackToBackSmallReadRequestsBeyondIrd) {
+  LinkOptions o;
+  o.ird = 1;
+  Start(o);
+  Buffer src(8);
+  src.Fill(7);
+  const std::uint32_t key = src.Register(node_.memory(), node_.pd, kAllRemote);
+  std::vector<std::uint8_t> wire;
+  std::vector<std::uint8_t> second;
+  for (std::uint32_t msn = 1; msn <= 64; ++msn) {
+    const rdmap::DdpRdmapHeader h =
+        ReadRequestOf(msn, rdmap::ReadRequestBody{0x100, 0x2000 + 8 * msn, 8, key, src.addr()});
+    if (msn == 2) second = Encode(h);
+    peer().FrameTo(h, {}, wire);
+  }
+  peer().WriteAll(wire);  // all 64 in one write
+  ExpectTerminated({TerminateCause::DdpNoBuffer(),
+                    std::vector<std::uint8_t>(second.begin(), second.begin() + 18), 46, {}},
+                   AsyncEventType::kQpRequestError);
+  std::size_t responses = 0;
+  for (const WireSegment& seg : peer().segments()) {
+    if (seg.decoded.header.opcode == rdmap::Opcode::kRdmaReadResponse) ++responses;
+  }
+  EXPECT_LE(responses, o.ird);
+}
+
+// The other side of the same rule: a peer that keeps IRD requests in flight
+// and sends the next one the moment a response has arrived is served
+// without a Terminate, every response in request order with the right data.
+TEST_F(ErrorTest, ReadRequestsPipelinedUpToIrdAreServed) {
+  constexpr std::uint32_t kIrd = 8;
+  constexpr std::uint32_t kReads = 600;
+  LinkOptions o;
+  o.ird = kIrd;
+  o.ord = kIrd;
+  Start(o);
+  Buffer src(64);
+  src.Fill(9);
+  const std::uint32_t key = src.Register(node_.memory(), node_.pd, kAllRemote);
+  auto request = [&](std::uint32_t msn) {
+    const std::uint32_t i = msn - 1;
+    return ReadRequestOf(msn, rdmap::ReadRequestBody{0x700, 0x10000 + 8ull * i, 8, key,
+                                                     src.addr() + 8 * (i % 8)});
+  };
+  std::vector<std::uint8_t> window;
+  for (std::uint32_t msn = 1; msn <= kIrd; ++msn) peer().FrameTo(request(msn), {}, window);
+  peer().WriteAll(window);  // IRD requests at once: allowed
+  for (std::uint32_t next = kIrd + 1, got = 0; got < kReads; ++got) {
+    ASSERT_TRUE(peer().WaitSegments(got + 1)) << "response " << got;
+    const WireSegment& seg = peer().segments()[got];
+    ASSERT_EQ(seg.decoded.header.opcode, rdmap::Opcode::kRdmaReadResponse) << "segment " << got;
+    EXPECT_EQ(seg.decoded.header.to, 0x10000 + 8ull * got);
+    ASSERT_EQ(seg.payload.size(), 8u);
+    EXPECT_TRUE(SameBytes(seg.payload.data(), src.data() + 8 * (got % 8), 8));
+    if (next <= kReads) peer().SendHeader(request(next++));  // one slot freed: refill it
+  }
+  EXPECT_FALSE(peer().WaitEof(std::chrono::milliseconds(50)));
+  EXPECT_EQ(node_.qp->state(), QpState::kRts);
+  EXPECT_FALSE(node_.qp->Query().terminate_sent.has_value());
+}
+
 TEST_F(ErrorTest, ReadRequestWithWrongMsn) {
   Start();
   rdmap::ReadRequestBody body{0x100, 0x2000, 0, 0, 0};
