@@ -216,9 +216,8 @@ InvalidateStatus MemoryTable::Invalidate(std::uint32_t stag, PdId qp_pd, bool re
   const std::shared_ptr<MemoryRegion> region = FindLocked(stag);
   if (!region) return InvalidateStatus::kInvalidStag;
   if (region->pd_ != qp_pd) return InvalidateStatus::kPdMismatch;
-  if (remote && !HasAny(region->access_, kRemoteAccessFlags)) {
-    return InvalidateStatus::kCannotInvalidate;
-  }
+  // Every region here is a memory region shared by the PD's streams.
+  if (remote) return InvalidateStatus::kCannotInvalidate;
   region->valid_.store(false, std::memory_order_release);
   return InvalidateStatus::kOk;
 }

@@ -25,10 +25,15 @@
 // or Reads whose STag is arbitrary (Linux siw sends STag 1). Treating Writes
 // and Read Responses the same way keeps one rule for all tagged messages.
 //
-// Invalidation: Local Invalidate (any region of the caller's PD) and remote
-// Send with Invalidate (only regions registered with a remote right, RFC 5042
-// 6.4.5). An invalidated region fails every check with kInvalidated until it
-// is deregistered; libibverbs has no call that re-validates a plain MR.
+// Invalidation: Local Invalidate by the owner (any region of the caller's
+// PD). A region registered here is a memory region, valid on every stream of
+// its PD, so a peer's Send with Invalidate never invalidates it: RFC 5040
+// 8.1.1 rule 7, "An RNIC MUST ensure that a Remote Peer is not able to
+// invalidate an STag enabled for remote access, if the STag is shared on
+// multiple streams" (RFC 5042 6.4.5); verbs lets a peer invalidate only
+// memory windows bound to one QP (type 2), which siwx does not offer. An
+// invalidated region fails every check with kInvalidated until it is
+// deregistered; libibverbs has no call that re-validates a plain MR.
 // Invalidating an already invalid region succeeds (verbs semantics).
 //
 // Threading and ownership: registration, deregistration and PD calls come
@@ -177,8 +182,9 @@ enum class InvalidateStatus : std::uint8_t {
   kOk = 0,
   kInvalidStag,       // no region with this STag
   kPdMismatch,        // region belongs to another PD than the QP
-  kCannotInvalidate,  // remote invalidate of a region with no remote right
-                      // (RDMAP "STag cannot be invalidated", ECode 0x09)
+  kCannotInvalidate,  // remote invalidate of a memory region, which is shared
+                      // by every stream of its PD (RDMAP "STag cannot be
+                      // invalidated", ECode 0x09)
 };
 
 enum class PdStatus : std::uint8_t {
@@ -228,6 +234,7 @@ class MemoryTable {
                           std::uint64_t length) const;
 
   InvalidateStatus InvalidateLocal(std::uint32_t stag, PdId qp_pd);
+  // A peer's Send with Invalidate: never succeeds (file comment); says why.
   InvalidateStatus InvalidateRemote(std::uint32_t stag, PdId qp_pd);
 
   std::size_t region_count() const;

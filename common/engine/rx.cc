@@ -628,8 +628,11 @@ void QpRx::CompleteSend() {
   wc.qp_num = qp_.qp_num();
   const rdmap::Opcode op = header_.opcode;
   if (op == rdmap::Opcode::kSendWithInvalidate || op == rdmap::Opcode::kSendWithSeAndInvalidate) {
-    // RFC 5040 5.3: invalidate before the Send is delivered; only STags of
-    // this stream's PD with a remote right (RFC 5042 6.4.5).
+    // RFC 5040 5.3: invalidate the STag before the Send is delivered if it
+    // is associated with this stream only, else "issue a Terminate Message
+    // with the STag Cannot be Invalidated Terminate Error Code". Memory
+    // regions are shared by all streams of the PD (memory.h), so a peer
+    // cannot invalidate them (RFC 5040 8.1.1 rule 7).
     if (qp_.engine_->memory().InvalidateRemote(header_.invalidate_stag, qp_.config_.pd) !=
         InvalidateStatus::kOk) {
       Raise({rdmap::TerminateCause::RdmapStagCannotBeInvalidated(), true,

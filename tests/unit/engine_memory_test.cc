@@ -383,7 +383,9 @@ TEST(Invalidate, LocalInvalidationFailsEveryLaterAccess) {
   EXPECT_EQ(table.InvalidateLocal(stag, pd), InvalidateStatus::kInvalidStag);
 }
 
-TEST(Invalidate, RemoteOnlyForStagsWithRemoteAccess) {
+// RFC 5040 8.1.1 rule 7: a peer cannot invalidate an STag shared on
+// multiple streams, and a memory region is shared by every stream of its PD.
+TEST(Invalidate, RemoteInvalidationOfAMemoryRegionIsRefused) {
   MemoryTable table(Opts({0x01, 0x02, 0x03}));
   std::vector<std::uint8_t> buf(8);
   const PdId pd = table.AllocatePd();
@@ -391,15 +393,17 @@ TEST(Invalidate, RemoteOnlyForStagsWithRemoteAccess) {
   const std::uint32_t readable = table.Register(pd, 0, 8, Addr(buf), kRemoteRead).stag;
   const std::uint32_t writable = table.Register(pd, 0, 8, Addr(buf), kRw).stag;
   EXPECT_EQ(table.InvalidateRemote(local, pd), InvalidateStatus::kCannotInvalidate);
+  EXPECT_EQ(table.InvalidateRemote(readable, pd), InvalidateStatus::kCannotInvalidate);
+  EXPECT_EQ(table.InvalidateRemote(writable, pd), InvalidateStatus::kCannotInvalidate);
   EXPECT_EQ(table.Check(local, pd, AccessKind::kLocalWrite, 0, 8).status, AccessStatus::kOk);
+  EXPECT_EQ(table.Check(readable, pd, AccessKind::kRemoteRead, 0, 8).status, AccessStatus::kOk);
+  EXPECT_EQ(table.Check(writable, pd, AccessKind::kRemoteWrite, 0, 8).status, AccessStatus::kOk);
   EXPECT_EQ(table.InvalidateRemote(readable, pd + 1), InvalidateStatus::kPdMismatch);
-  EXPECT_EQ(table.InvalidateRemote(readable, pd), InvalidateStatus::kOk);
-  EXPECT_EQ(table.Check(readable, pd, AccessKind::kRemoteRead, 0, 8).status,
-            AccessStatus::kInvalidated);
-  EXPECT_EQ(table.InvalidateRemote(writable, pd), InvalidateStatus::kOk);
+  EXPECT_EQ(table.InvalidateRemote(0, pd), InvalidateStatus::kInvalidStag);
+  // The owner's Local Invalidate still works.
+  EXPECT_EQ(table.InvalidateLocal(writable, pd), InvalidateStatus::kOk);
   EXPECT_EQ(table.Check(writable, pd, AccessKind::kRemoteWrite, 0, 8).status,
             AccessStatus::kInvalidated);
-  EXPECT_EQ(table.InvalidateRemote(0, pd), InvalidateStatus::kInvalidStag);
 }
 
 TEST(Deregister, UnknownAndRepeatedStags) {
