@@ -1,6 +1,7 @@
 #include "common/engine/rx.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <utility>
 
@@ -198,6 +199,14 @@ QpRx::ReadOutcome QpRx::ReadPayloadDirect(transport::TcpStream& stream,
   iov_[count].iov_base = staging_.data();
   iov_[count].iov_len = TailGuess();
   const transport::IoResult r = stream.ReadV(std::span<const iovec>(iov_.data(), count + 1));
+  if (r.status == transport::IoStatus::kError && r.error == EFAULT) {
+    // The kernel could not write a target page: the application made
+    // registered memory read-only (or unmapped it) after registering it.
+    // Nothing of this read was placed; the octets stay in the socket.
+    ReleaseRefs();
+    PlacementFaulted();
+    return ReadOutcome::kStop;
+  }
   if (r.status == transport::IoStatus::kOk) {
     socket_drained_ = r.bytes < demand.length + iov_[count].iov_len;
     const std::size_t placed = std::min(r.bytes, demand.length);
@@ -753,7 +762,8 @@ void QpRx::Raise(const PendingError& error) {
                                            ByteSpan(header_raw_.data(), header_raw_length_),
                                            ulpdu_length_)
           : rdmap::MakeTerminate(error.cause);
-  report.event = EventForCause(error.cause);
+  report.event =
+      error.local_access_event ? AsyncEventType::kQpAccessError : EventForCause(error.cause);
   if (error.read_status && response_active_ && !response_.rtr) {
     report.failed_seq = response_.seq;
     report.failed_status = *error.read_status;
@@ -827,6 +837,17 @@ void QpRx::PlacementFailed(AccessStatus failure) {
       error = {TaggedPlacementCause(failure)};
       break;
   }
+  Raise(error);
+}
+
+void QpRx::PlacementFaulted() {
+  // Our own memory refused the octets, which is no fault of the peer: a
+  // local protection error for the WR that owns the target, and a DDP Local
+  // Catastrophic Terminate with no header copy (RFC 5040 Figure 10).
+  PendingError error{rdmap::TerminateCause::DdpLocalCatastrophic(), /*copy=*/false};
+  if (segment_ == Segment::kSend) error.recv_status = WcStatus::kLocProtErr;
+  if (segment_ == Segment::kReadResponse) error.read_status = WcStatus::kLocProtErr;
+  error.local_access_event = true;  // IBV_EVENT_QP_ACCESS_ERR: local access violation
   Raise(error);
 }
 

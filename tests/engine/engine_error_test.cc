@@ -6,8 +6,11 @@
 // that the engine closed the stream after the Terminate.
 #include <gtest/gtest.h>
 
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "engine/engine_test_util.h"
@@ -277,6 +280,43 @@ TEST_F(ErrorTest, SendWithInvalidateOfLocalOnlyStag) {
   ExpectTerminated({TerminateCause::RdmapStagCannotBeInvalidated(), Encode(h), 18, {}},
                    AsyncEventType::kQpAccessError);
   EXPECT_TRUE(node_.memory().Check(key, node_.pd, AccessKind::kLocalWrite, local.addr(), 1).ok());
+}
+
+// ---- Registered memory the application made read-only ----
+
+// Registration refuses write access to read-only memory (verbs pd_mr), but
+// the application may mprotect a region after registering it. A Write whose
+// payload is received straight into that memory must not crash the
+// process: recvmsg fails with EFAULT, nothing is placed, and the stream ends
+// as a local protection error with a DDP Local Catastrophic Terminate (no
+// header copy, RFC 5040 Figure 10) and the QP's access error event.
+TEST_F(ErrorTest, WriteIntoMemoryMadeReadOnlyEndsTheStreamWithoutAFault) {
+  Start();
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  void* mem = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(mem, MAP_FAILED);
+  const auto addr = reinterpret_cast<std::uintptr_t>(mem);
+  const RegisterResult reg = node_.memory().Register(node_.pd, addr, 2 * page, addr, kAllRemote);
+  ASSERT_EQ(reg.status, RegisterStatus::kOk);
+  ASSERT_EQ(mprotect(mem, 2 * page, PROT_READ), 0);
+
+  // The framing first, and the payload only once the engine has read it, so
+  // the payload is received straight into the target.
+  const std::vector<std::uint8_t> payload(page, 0x5A);
+  std::vector<std::uint8_t> wire;
+  peer().FrameTo(WriteHeader(reg.stag, addr + 16), payload, wire);
+  const std::size_t framing = mpa::kUlpduLengthSize + rdmap::kDdpTaggedHeaderSize;
+  const std::uint64_t before = node_.qp->Counters().rx_octets;
+  peer().WriteAll(ByteSpan(wire.data(), framing));
+  ASSERT_TRUE(WaitUntil([&] { return node_.qp->Counters().rx_octets >= before + framing; }));
+  peer().WriteAll(ByteSpan(wire.data() + framing, wire.size() - framing));
+
+  ExpectTerminated({TerminateCause::DdpLocalCatastrophic(), {}, 0, {}},
+                   AsyncEventType::kQpAccessError);
+  const auto* bytes = static_cast<const std::uint8_t*>(mem);
+  EXPECT_TRUE(std::all_of(bytes, bytes + 2 * page, [](std::uint8_t b) { return b == 0; }));
+  EXPECT_EQ(node_.memory().Deregister(reg.stag), DeregisterStatus::kOk);
+  EXPECT_EQ(munmap(mem, 2 * page), 0);
 }
 
 // ---- Read Request errors: RFC 5040 4.8 Remote Protection, with R copies ----
