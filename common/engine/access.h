@@ -60,10 +60,6 @@ constexpr bool HasAny(AccessFlags granted, AccessFlags wanted) {
 inline constexpr AccessFlags kAllAccessFlags =
     AccessFlags::kLocalWrite | AccessFlags::kRemoteWrite | AccessFlags::kRemoteRead |
     AccessFlags::kRemoteAtomic | AccessFlags::kMwBind | AccessFlags::kZeroBased;
-// Rights that let a peer reach the region; only such STags are Advertised and
-// may be invalidated remotely (RFC 5042 6.4.5).
-inline constexpr AccessFlags kRemoteAccessFlags =
-    AccessFlags::kRemoteWrite | AccessFlags::kRemoteRead | AccessFlags::kRemoteAtomic;
 
 // What an access needs. Local reads need no flag: every region is locally
 // readable (it is the source of Sends, Writes and Read Responses).

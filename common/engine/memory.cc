@@ -12,6 +12,14 @@ namespace siwx::engine {
 namespace {
 
 constexpr std::uint64_t kU64Max = std::numeric_limits<std::uint64_t>::max();
+// Slots of an empty table (a power of two; the table doubles at half full).
+constexpr std::size_t kInitialSlots = 64;
+// Index draws per registration before giving up: with at most a quarter of
+// the 2^24 indices used (plus the few recently freed), 32 draws all hit one
+// with chance below 2^-60.
+constexpr int kIndexDraws = 32;
+// The recently freed indices are searched linearly at each draw.
+constexpr std::uint32_t kMaxReuseDelay = 4096;
 
 // Fills `out` from the kernel CSPRNG. getrandom(2) with flags 0 blocks only
 // until the pool is initialised at boot; small requests are not split unless
@@ -59,10 +67,11 @@ void RegionRef::Release() {
 MemoryTable::MemoryTable() : MemoryTable(Options{}) {}
 
 MemoryTable::MemoryTable(Options options)
-    : max_regions_(std::clamp<std::uint32_t>(options.max_regions, 1, kMaxStagIndex)),
-      reuse_delay_(options.reuse_delay),
-      key_source_(std::move(options.key_source)) {
-  slots_.resize(1);  // index 0 is never used
+    : reuse_delay_(std::min(options.reuse_delay, kMaxReuseDelay)),
+      max_regions_(std::clamp<std::uint32_t>(options.max_regions, 1, kMaxStagIndex / 4)),
+      key_source_(std::move(options.key_source)),
+      index_source_(std::move(options.index_source)) {
+  slots_.resize(kInitialSlots);
 }
 
 MemoryTable::~MemoryTable() = default;
@@ -84,15 +93,46 @@ PdStatus MemoryTable::DeallocatePd(PdId pd) {
   return PdStatus::kOk;
 }
 
+bool MemoryTable::TakeRandom(std::uint8_t* out, std::size_t size) {
+  for (std::size_t i = 0; i < size; ++i) {
+    if (random_left_ == 0) {
+      if (!FillRandom(random_pool_, sizeof(random_pool_))) return false;
+      random_left_ = sizeof(random_pool_);
+    }
+    out[i] = random_pool_[--random_left_];
+    random_pool_[random_left_] = 0;  // used randomness is not kept around
+  }
+  return true;
+}
+
 std::optional<std::uint8_t> MemoryTable::NextKey() {
   if (key_source_) return key_source_();
-  if (random_left_ == 0) {
-    if (!FillRandom(random_pool_, sizeof(random_pool_))) return std::nullopt;
-    random_left_ = sizeof(random_pool_);
-  }
-  const std::uint8_t key = random_pool_[--random_left_];
-  random_pool_[random_left_] = 0;  // used randomness is not kept around
+  std::uint8_t key;
+  if (!TakeRandom(&key, 1)) return std::nullopt;
   return key;
+}
+
+std::optional<std::uint32_t> MemoryTable::NextIndex() {
+  for (int draw = 0; draw < kIndexDraws; ++draw) {
+    std::uint32_t value;
+    if (index_source_) {
+      const std::optional<std::uint32_t> drawn = index_source_();
+      if (!drawn) return std::nullopt;
+      value = *drawn;
+    } else {
+      std::uint8_t bytes[3];
+      if (!TakeRandom(bytes, sizeof(bytes))) return std::nullopt;
+      value = std::uint32_t{bytes[0]} << 16 | std::uint32_t{bytes[1]} << 8 | bytes[2];
+    }
+    const std::uint32_t index = value & kMaxStagIndex;
+    if (index == 0 || slots_[ProbeLocked(index)].index == index) continue;
+    if (std::find(recently_freed_.begin(), recently_freed_.end(), index) !=
+        recently_freed_.end()) {
+      continue;
+    }
+    return index;
+  }
+  return 0;
 }
 
 RegisterResult MemoryTable::Register(PdId pd, std::uint64_t iova, std::uint64_t length,
@@ -113,48 +153,65 @@ RegisterResult MemoryTable::Register(PdId pd, std::uint64_t iova, std::uint64_t 
   std::unique_lock lock(mutex_);
   const auto pd_it = pd_regions_.find(pd);
   if (pd_it == pd_regions_.end()) return {RegisterStatus::kInvalidPd, 0};
+  if (region_count_ >= max_regions_) return {RegisterStatus::kNoResources, 0};
+  if (2 * (region_count_ + 1) > slots_.size()) GrowLocked();
 
-  const std::size_t used = slots_.size() - 1;
-  const bool can_grow = used < max_regions_;
-  const bool reuse = !free_indices_.empty() && (free_indices_.size() >= reuse_delay_ || !can_grow);
-  if (!reuse && !can_grow) return {RegisterStatus::kNoResources, 0};
-
-  std::optional<std::uint8_t> key = NextKey();
+  const std::optional<std::uint32_t> index = NextIndex();
+  if (!index) return {RegisterStatus::kNoRandomness, 0};
+  if (*index == 0) return {RegisterStatus::kNoResources, 0};
+  const std::optional<std::uint8_t> key = NextKey();
   if (!key) return {RegisterStatus::kNoRandomness, 0};
 
-  std::uint32_t index;
-  if (reuse) {
-    index = free_indices_.front();
-    const Slot& slot = slots_[index];
-    if (slot.ever_used && *key == slot.last_key) {
-      // Never hand out the previous STag of this index again: move to one of
-      // the other 255 keys, chosen by a second draw.
-      const std::optional<std::uint8_t> step = NextKey();
-      if (!step) return {RegisterStatus::kNoRandomness, 0};
-      *key = static_cast<std::uint8_t>(*key + 1 + (*step % 255));
-    }
-    free_indices_.pop_front();
-  } else {
-    index = static_cast<std::uint32_t>(slots_.size());
-    slots_.emplace_back();
-  }
-
-  const std::uint32_t stag = MakeStag(index, *key);
-  Slot& slot = slots_[index];
+  const std::uint32_t stag = MakeStag(*index, *key);
+  Slot& slot = slots_[ProbeLocked(*index)];
+  slot.index = *index;
   slot.region = std::make_shared<MemoryRegion>(stag, pd, access, iova, length, host_address);
-  slot.last_key = *key;
-  slot.ever_used = true;
   ++pd_it->second;
   ++region_count_;
   return {RegisterStatus::kOk, stag};
 }
 
+std::size_t MemoryTable::ProbeLocked(std::uint32_t index) const {
+  const std::size_t mask = slots_.size() - 1;
+  std::size_t position = index & mask;
+  // Terminates: at most half the slots are used.
+  while (slots_[position].index != 0 && slots_[position].index != index) {
+    position = (position + 1) & mask;
+  }
+  return position;
+}
+
 std::shared_ptr<MemoryRegion> MemoryTable::FindLocked(std::uint32_t stag) const {
   const std::uint32_t index = StagIndex(stag);
-  if (index == 0 || index >= slots_.size()) return nullptr;
-  const std::shared_ptr<MemoryRegion>& region = slots_[index].region;
-  if (!region || region->stag_ != stag) return nullptr;
-  return region;
+  if (index == 0) return nullptr;
+  const Slot& slot = slots_[ProbeLocked(index)];
+  if (slot.index != index || slot.region->stag_ != stag) return nullptr;
+  return slot.region;
+}
+
+void MemoryTable::EraseLocked(std::size_t position) {
+  // Linear probing without tombstones: move later entries of the probe run
+  // back into the hole unless their home position lies after it.
+  const std::size_t mask = slots_.size() - 1;
+  slots_[position] = Slot{};
+  for (std::size_t next = (position + 1) & mask; slots_[next].index != 0;
+       next = (next + 1) & mask) {
+    const std::size_t home = slots_[next].index & mask;
+    const bool stays = position <= next ? (position < home && home <= next)
+                                        : (position < home || home <= next);
+    if (stays) continue;
+    slots_[position] = std::move(slots_[next]);
+    slots_[next] = Slot{};
+    position = next;
+  }
+}
+
+void MemoryTable::GrowLocked() {
+  std::vector<Slot> old(slots_.size() * 2);
+  old.swap(slots_);
+  for (Slot& slot : old) {
+    if (slot.index != 0) slots_[ProbeLocked(slot.index)] = std::move(slot);
+  }
 }
 
 DeregisterStatus MemoryTable::Deregister(std::uint32_t stag) {
@@ -164,8 +221,11 @@ DeregisterStatus MemoryTable::Deregister(std::uint32_t stag) {
     region = FindLocked(stag);
     if (!region) return DeregisterStatus::kInvalidStag;
     const std::uint32_t index = StagIndex(stag);
-    slots_[index].region.reset();
-    free_indices_.push_back(index);
+    EraseLocked(ProbeLocked(index));
+    if (reuse_delay_ > 0) {
+      if (recently_freed_.size() == reuse_delay_) recently_freed_.pop_front();
+      recently_freed_.push_back(index);
+    }
     const auto pd_it = pd_regions_.find(region->pd_);
     if (pd_it != pd_regions_.end() && pd_it->second > 0) --pd_it->second;
     --region_count_;
@@ -216,9 +276,8 @@ InvalidateStatus MemoryTable::Invalidate(std::uint32_t stag, PdId qp_pd, bool re
   const std::shared_ptr<MemoryRegion> region = FindLocked(stag);
   if (!region) return InvalidateStatus::kInvalidStag;
   if (region->pd_ != qp_pd) return InvalidateStatus::kPdMismatch;
-  if (remote && !HasAny(region->access_, kRemoteAccessFlags)) {
-    return InvalidateStatus::kCannotInvalidate;
-  }
+  // Every region here is a memory region shared by the PD's streams.
+  if (remote) return InvalidateStatus::kCannotInvalidate;
   region->valid_.store(false, std::memory_order_release);
   return InvalidateStatus::kOk;
 }

@@ -1,15 +1,23 @@
 // Protection domains, memory regions and the STag table (RFC 5040, RFC 5041
 // tagged buffers; RFC 5042 sections 2.2.4, 2.2.5 and 6).
 //
-// An STag is a 24-bit index into this table plus an 8-bit key:
-// stag = index << 8 | key. Each registration of an index draws a fresh key
-// from the kernel CSPRNG (getrandom(2)) that differs from the key that index
-// had before, so a stale STag never names a new region and STags are not
-// predictable (RFC 5042 6.1.1). Index 0 is never handed out, so STag values
-// 0..255 are always invalid. Freed indices are reused in FIFO order and only
-// after Options::reuse_delay others have been freed, so STags come back
-// slowly. A lookup is a shared lock, a bounds check and one vector index (no
-// hashing), plus two atomic increments when it succeeds (see RegionRef).
+// An STag is a 24-bit index plus an 8-bit key: stag = index << 8 | key.
+// Both parts are drawn from the kernel CSPRNG (getrandom(2)) at every
+// registration, so STags are not predictable and are spread over the whole
+// 32-bit space (RFC 5042 6.1.1; RFC 5040 8.1.1 rule 8: "An RNIC MUST choose
+// the value of STags in a way difficult to predict. It is RECOMMENDED to
+// sparsely populate them over the full available range"). A drawn index
+// that is in use, or among the last Options::reuse_delay indices freed, is
+// drawn again, so a freed STag is never reissued soon and a stale one names
+// a new region only if its index and key are both drawn again later
+// (chance 2^-32 per registration). Index 0 is never handed out, so STag
+// values 0..255 are always invalid.
+//
+// The regions live in an open-addressing table indexed by the low bits of
+// the index (uniformly random, so no hashing is needed) with linear probing
+// and at most half the slots used: a lookup is a shared lock, about one
+// slot read on average, plus two atomic increments when it succeeds (see
+// RegionRef).
 //
 // What a region checks, in this order (first failure wins, see access.h):
 // STag (index in range, region present, key equal), PD of the region equal to
@@ -25,10 +33,15 @@
 // or Reads whose STag is arbitrary (Linux siw sends STag 1). Treating Writes
 // and Read Responses the same way keeps one rule for all tagged messages.
 //
-// Invalidation: Local Invalidate (any region of the caller's PD) and remote
-// Send with Invalidate (only regions registered with a remote right, RFC 5042
-// 6.4.5). An invalidated region fails every check with kInvalidated until it
-// is deregistered; libibverbs has no call that re-validates a plain MR.
+// Invalidation: Local Invalidate by the owner (any region of the caller's
+// PD). A region registered here is a memory region, valid on every stream of
+// its PD, so a peer's Send with Invalidate never invalidates it: RFC 5040
+// 8.1.1 rule 7, "An RNIC MUST ensure that a Remote Peer is not able to
+// invalidate an STag enabled for remote access, if the STag is shared on
+// multiple streams" (RFC 5042 6.4.5); verbs lets a peer invalidate only
+// memory windows bound to one QP (type 2), which siwx does not offer. An
+// invalidated region fails every check with kInvalidated until it is
+// deregistered; libibverbs has no call that re-validates a plain MR.
 // Invalidating an already invalid region succeeds (verbs semantics).
 //
 // Threading and ownership: registration, deregistration and PD calls come
@@ -177,8 +190,9 @@ enum class InvalidateStatus : std::uint8_t {
   kOk = 0,
   kInvalidStag,       // no region with this STag
   kPdMismatch,        // region belongs to another PD than the QP
-  kCannotInvalidate,  // remote invalidate of a region with no remote right
-                      // (RDMAP "STag cannot be invalidated", ECode 0x09)
+  kCannotInvalidate,  // remote invalidate of a memory region, which is shared
+                      // by every stream of its PD (RDMAP "STag cannot be
+                      // invalidated", ECode 0x09)
 };
 
 enum class PdStatus : std::uint8_t {
@@ -189,16 +203,20 @@ enum class PdStatus : std::uint8_t {
 
 class MemoryTable {
  public:
-  // Source of keys: returns std::nullopt when no randomness is available.
-  // Tests inject a deterministic one; production uses getrandom(2).
+  // Sources of keys and of indices (only the low 24 bits are used): return
+  // std::nullopt when no randomness is available. Tests inject
+  // deterministic ones; production uses getrandom(2).
   using KeySource = std::function<std::optional<std::uint8_t>()>;
+  using IndexSource = std::function<std::optional<std::uint32_t>()>;
 
   struct Options {
-    std::uint32_t max_regions = 1u << 20;  // clamped to [1, kMaxStagIndex]
-    // A freed index is reused only once this many indices are free (or the
-    // table is full), so STags come back slowly (RFC 5042 6.1.1).
+    // Clamped to [1, kMaxStagIndex / 4], so random draws find a free index.
+    std::uint32_t max_regions = 1u << 20;
+    // A freed index is not issued again until this many more have been
+    // freed, so STags come back slowly (RFC 5042 6.1.1). At most 4096.
     std::uint32_t reuse_delay = 256;
-    KeySource key_source;  // empty: getrandom(2)
+    KeySource key_source;      // empty: getrandom(2)
+    IndexSource index_source;  // empty: getrandom(2)
   };
 
   MemoryTable();
@@ -228,28 +246,37 @@ class MemoryTable {
                           std::uint64_t length) const;
 
   InvalidateStatus InvalidateLocal(std::uint32_t stag, PdId qp_pd);
+  // A peer's Send with Invalidate: never succeeds (file comment); says why.
   InvalidateStatus InvalidateRemote(std::uint32_t stag, PdId qp_pd);
 
   std::size_t region_count() const;
 
  private:
   struct Slot {
-    std::shared_ptr<MemoryRegion> region;  // null when free
-    std::uint8_t last_key = 0;             // key of the latest registration
-    bool ever_used = false;
+    std::uint32_t index = 0;  // 0: empty
+    std::shared_ptr<MemoryRegion> region;
   };
 
+  // Slot position of `index`, or of the empty slot where it would go.
+  std::size_t ProbeLocked(std::uint32_t index) const;  // needs mutex_
   std::shared_ptr<MemoryRegion> FindLocked(std::uint32_t stag) const;  // needs mutex_
+  void EraseLocked(std::size_t position);  // needs mutex_ exclusive
+  void GrowLocked();                       // needs mutex_ exclusive
   InvalidateStatus Invalidate(std::uint32_t stag, PdId qp_pd, bool remote);
-  std::optional<std::uint8_t> NextKey();  // needs mutex_ exclusive
+  // Draws an index not in use and not recently freed; 0 if the draws kept
+  // hitting used ones, nullopt if no randomness is available.
+  std::optional<std::uint32_t> NextIndex();  // needs mutex_ exclusive
+  std::optional<std::uint8_t> NextKey();     // needs mutex_ exclusive
+  bool TakeRandom(std::uint8_t* out, std::size_t size);  // needs mutex_ exclusive
 
-  const std::uint32_t max_regions_;
   const std::uint32_t reuse_delay_;
+  const std::uint32_t max_regions_;
   const KeySource key_source_;
+  const IndexSource index_source_;
 
   mutable std::shared_mutex mutex_;
-  std::vector<Slot> slots_;                          // guarded by mutex_; [0] unused
-  std::deque<std::uint32_t> free_indices_;           // guarded by mutex_; FIFO
+  std::vector<Slot> slots_;                  // guarded by mutex_; power of two, <= half used
+  std::deque<std::uint32_t> recently_freed_;  // guarded by mutex_; at most reuse_delay_
   std::unordered_map<PdId, std::uint32_t> pd_regions_;  // guarded by mutex_; live PD -> #regions
   PdId next_pd_ = 1;                                 // guarded by mutex_
   std::size_t region_count_ = 0;                     // guarded by mutex_

@@ -132,6 +132,10 @@ void Qp::LockTxExclusive() {
   }
 }
 
+void Qp::WaitForSendAccounting() const {
+  while (send_accounting_.load(std::memory_order_acquire)) std::this_thread::yield();
+}
+
 void Qp::UnlockTxExclusive() {
   const std::uint32_t left = tx_gate_.fetch_sub(1, std::memory_order_acq_rel) - 1;
   if (left != 0) RunTx(left);  // kicks that arrived meanwhile

@@ -301,6 +301,12 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   void LockTxExclusive();  // progress thread only
   void UnlockTxExclusive();
 
+  // Waits (yielding) while the transmit side is between a sendmsg and the
+  // accounting of what it took, so the IRD count read afterwards includes
+  // every response the peer can have received. Bounded: the holder is in a
+  // non-blocking sendmsg and its bookkeeping, never in a callback.
+  void WaitForSendAccounting() const;
+
   // ---- Completions ----
   // Pushes the completions of finished SQ entries at the head, in order.
   void RetireSq();
@@ -387,6 +393,9 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   // and the progress thread may both use it.
   std::atomic<std::uint32_t> tx_gate_{0};
   std::atomic<std::uint32_t> sq_cq_gate_{0};
+  // Set by the gate holder from before a sendmsg until the octets it took
+  // are accounted (IRD count included); see WaitForSendAccounting.
+  std::atomic<bool> send_accounting_{false};
   std::unique_ptr<transport::TcpStream> stream_;
   QpTx tx_;
 

@@ -1,6 +1,7 @@
 #include "common/engine/rx.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <utility>
 
@@ -84,6 +85,7 @@ void QpRx::Start(const StreamParams& params) {
   send_received_ = 0;
   recv_wr_.reset();
   read_msn_ = 1;
+  responses_owed_ = false;
   response_active_ = false;
   response_received_ = 0;
   terminate_length_ = 0;
@@ -137,6 +139,9 @@ void QpRx::OnReadable(transport::TcpStream& stream) {
     }
     staged_begin_ = 0;
     staged_end_ = 0;
+    // Everything read so far is processed: answer its Read Requests before
+    // reading more (see SendOwedResponses).
+    SendOwedResponses();
     // A short read found the socket empty; the level-triggered poller tells
     // us when more arrives, which saves a recvmsg that would only say EAGAIN.
     if (socket_drained_) break;
@@ -153,8 +158,21 @@ void QpRx::OnReadable(transport::TcpStream& stream) {
   // is still in the socket.
   if (!stopped_ && Staged() > 0) ConsumeStaged();
   ReleaseRefs();
+  SendOwedResponses();
   // After an error, read and drop so the level-triggered poller quiets.
   if (stopped_ && !eof_) Drain(stream);
+}
+
+void QpRx::SendOwedResponses() {
+  // Read Requests are answered once per read, not one by one: every request
+  // that came in the same read (or an earlier one not yet answered) finds
+  // the ones before it outstanding, so a peer that sends more than IRD
+  // requests without waiting for responses is caught however small they
+  // are. A peer that keeps to its ORD cannot send a request before it got
+  // the response it waits for, which leaves only after this kick.
+  if (!responses_owed_) return;
+  responses_owed_ = false;
+  if (!stopped_) qp_.KickTx();
 }
 
 void QpRx::Drain(transport::TcpStream& stream) {
@@ -198,6 +216,14 @@ QpRx::ReadOutcome QpRx::ReadPayloadDirect(transport::TcpStream& stream,
   iov_[count].iov_base = staging_.data();
   iov_[count].iov_len = TailGuess();
   const transport::IoResult r = stream.ReadV(std::span<const iovec>(iov_.data(), count + 1));
+  if (r.status == transport::IoStatus::kError && r.error == EFAULT) {
+    // The kernel could not write a target page: the application made
+    // registered memory read-only (or unmapped it) after registering it.
+    // Nothing of this read was placed; the octets stay in the socket.
+    ReleaseRefs();
+    PlacementFaulted();
+    return ReadOutcome::kStop;
+  }
   if (r.status == transport::IoStatus::kOk) {
     socket_drained_ = r.bytes < demand.length + iov_[count].iov_len;
     const std::size_t placed = std::min(r.bytes, demand.length);
@@ -533,16 +559,22 @@ void QpRx::HeaderReadRequest(const rdmap::DdpRdmapHeader& h) {
     Reject({rdmap::TerminateCause::DdpInvalidMsnRange()});
     return;
   }
-  std::uint32_t outstanding;
-  {
+  auto outstanding = [this] {
     std::lock_guard lock(qp_.queue_mutex_);
-    outstanding = qp_.irq_outstanding_;
-  }
-  // QN 1 holds IRD buffers (RFC 5040 5.2, RFC 5042 6.4.3.3): one more Read
-  // Request finds none.
-  if (outstanding >= params_.ird) {
-    Reject({rdmap::TerminateCause::DdpNoBuffer()});
-    return;
+    return qp_.irq_outstanding_;
+  };
+  // QN 1 holds IRD buffers (RFC 5040 5.2.1: "One RDMA Read Request Message
+  // MUST consume one Untagged Buffer"; 5.2.2: the Data Source provides
+  // buffers for the negotiated number of Reads). A request counts until the
+  // last octet of its response went to the kernel; one more finds no
+  // buffer: DDP "Invalid MSN - no buffer available" (RFC 5041 7.2).
+  if (outstanding() >= params_.ird) {
+    // A sendmsg that just handed a response over may not be counted yet.
+    qp_.WaitForSendAccounting();
+    if (outstanding() >= params_.ird) {
+      Reject({rdmap::TerminateCause::DdpNoBuffer()});
+      return;
+    }
   }
   if (body->read_size > 0) {
     const AccessCheckResult check =
@@ -628,8 +660,11 @@ void QpRx::CompleteSend() {
   wc.qp_num = qp_.qp_num();
   const rdmap::Opcode op = header_.opcode;
   if (op == rdmap::Opcode::kSendWithInvalidate || op == rdmap::Opcode::kSendWithSeAndInvalidate) {
-    // RFC 5040 5.3: invalidate before the Send is delivered; only STags of
-    // this stream's PD with a remote right (RFC 5042 6.4.5).
+    // RFC 5040 5.3: invalidate the STag before the Send is delivered if it
+    // is associated with this stream only, else "issue a Terminate Message
+    // with the STag Cannot be Invalidated Terminate Error Code". Memory
+    // regions are shared by all streams of the PD (memory.h), so a peer
+    // cannot invalidate them (RFC 5040 8.1.1 rule 7).
     if (qp_.engine_->memory().InvalidateRemote(header_.invalidate_stag, qp_.config_.pd) !=
         InvalidateStatus::kOk) {
       Raise({rdmap::TerminateCause::RdmapStagCannotBeInvalidated(), true,
@@ -681,7 +716,7 @@ void QpRx::CompleteReadRequest() {
     ++qp_.irq_outstanding_;
   }
   ++read_msn_;
-  qp_.KickTx();  // Read Responses are produced in request order
+  responses_owed_ = true;  // kicked after this read is processed
 }
 
 void QpRx::CompleteTerminate() {
@@ -750,7 +785,8 @@ void QpRx::Raise(const PendingError& error) {
                                            ByteSpan(header_raw_.data(), header_raw_length_),
                                            ulpdu_length_)
           : rdmap::MakeTerminate(error.cause);
-  report.event = EventForCause(error.cause);
+  report.event =
+      error.local_access_event ? AsyncEventType::kQpAccessError : EventForCause(error.cause);
   if (error.read_status && response_active_ && !response_.rtr) {
     report.failed_seq = response_.seq;
     report.failed_status = *error.read_status;
@@ -825,6 +861,17 @@ void QpRx::PlacementFailed(AccessStatus failure) {
       error = {TaggedPlacementCause(failure)};
       break;
   }
+  Raise(error);
+}
+
+void QpRx::PlacementFaulted() {
+  // Our own memory refused the octets, which is no fault of the peer: a
+  // local protection error for the WR that owns the target, and a DDP Local
+  // Catastrophic Terminate with no header copy (RFC 5040 Figure 10).
+  PendingError error{rdmap::TerminateCause::DdpLocalCatastrophic(), /*copy=*/false};
+  if (segment_ == Segment::kSend) error.recv_status = WcStatus::kLocProtErr;
+  if (segment_ == Segment::kReadResponse) error.read_status = WcStatus::kLocProtErr;
+  error.local_access_event = true;  // IBV_EVENT_QP_ACCESS_ERR: local access violation
   Raise(error);
 }
 

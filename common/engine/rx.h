@@ -20,6 +20,16 @@
 // registered memory re-checks the range it writes and holds the RegionRefs
 // only for that read (memory.h).
 //
+// Registered memory whose protection the application changed (mprotect
+// read-only, munmap) after registering it breaks the registration, which
+// checked the mappings (providers/siwx/memory_map.h). recvmsg straight into
+// such a target fails with EFAULT and ends the stream as a local protection
+// error (PlacementFaulted). Payload that came in the staging buffer is
+// copied with memcpy, which faults (SIGSEGV) like a store by the
+// application itself: a kernel provider's pinned pages take the NIC's
+// writes whatever the protection, a userspace copy cannot, and checking the
+// protection before every copy would cost a system call per FPDU.
+//
 // Payload is placed before the FPDU's CRC has been checked (direct
 // placement); only a completed FPDU with a good CRC completes anything.
 // After an error nothing more is processed: what arrives is read and
@@ -105,6 +115,7 @@ class QpRx {
     bool copy_header = true;  // RFC 5040 4.8 header copies of the segment
     std::optional<WcStatus> recv_status;  // for the receive WR in progress
     std::optional<WcStatus> read_status;  // for the Read WR at the ORQ head
+    bool local_access_event = false;  // QP access error event, not EventForCause
   };
 
   enum class ReadOutcome : std::uint8_t { kProgress, kWouldBlock, kStop };
@@ -115,6 +126,9 @@ class QpRx {
   ReadOutcome ReadIntoStaging(transport::TcpStream& stream);
   ReadOutcome OnReadResult(const transport::IoResult& result);
   void Drain(transport::TcpStream& stream);
+  // Kicks the transmit side for the Read Requests accepted since the last
+  // kick.
+  void SendOwedResponses();
 
   bool HandleEvent(mpa::RxEvent event);
   void OnHeader(const mpa::FpduHeaderInfo& info);
@@ -143,6 +157,8 @@ class QpRx {
   void ReleaseRefs();
   // The target of the current segment failed its re-check at placement.
   void PlacementFailed(AccessStatus failure);
+  // recvmsg could not write the target (EFAULT): a local protection error.
+  void PlacementFaulted();
   std::size_t TailGuess() const;
   std::size_t Staged() const { return staged_end_ - staged_begin_; }
 
@@ -176,6 +192,7 @@ class QpRx {
   std::optional<ReceiveWorkRequest> recv_wr_;
   // Read Requests (QN 1).
   std::uint32_t read_msn_ = 1;
+  bool responses_owed_ = false;  // accepted since the last kick of the transmit side
   // Read Response in progress (for the ORQ head).
   bool response_active_ = false;
   OrqEntry response_;

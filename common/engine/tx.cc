@@ -418,15 +418,9 @@ bool QpTx::FrameSegment() {
     return false;
   }
   cur_.offset += n;
-  if (last) {
-    if (cur_.kind == MessageKind::kResponse) {
-      // The request leaves the IRD count once its last segment is framed:
-      // the peer cannot send the next one before receiving this.
-      std::lock_guard lock(qp_.queue_mutex_);
-      if (qp_.irq_outstanding_ > 0) --qp_.irq_outstanding_;
-    }
-    cur_ = Message{};
-  }
+  // A Read Response leaves the IRD count only when sendmsg has taken its
+  // last octet (Advance), not here: until then the peer cannot have it.
+  if (last) cur_ = Message{};
   return true;
 }
 
@@ -611,14 +605,22 @@ bool QpTx::Write(std::size_t& budget) {
       if (++count == iov_.size()) break;
     }
   }
+  // From before sendmsg until its octets are accounted, the receive side
+  // must not judge the peer's Read Requests against the IRD count (Qp::
+  // WaitForSendAccounting): a response may be on its way already.
+  qp_.send_accounting_.store(true, std::memory_order_seq_cst);
   const transport::IoResult result =
       qp_.stream_->WriteV(std::span<const iovec>(iov_.data(), count));
+  bool sq_done = false;
+  if (result.status == transport::IoStatus::kOk) sq_done = Advance(result.bytes);
+  qp_.send_accounting_.store(false, std::memory_order_release);
+  // Completions run callbacks, which may drive the receive side.
+  if (sq_done) qp_.RetireSq();
   switch (result.status) {
     case transport::IoStatus::kOk:
       CounterAdd(qp_.counters_.tx_syscalls, 1);
       CounterAdd(qp_.counters_.tx_octets, result.bytes);
       budget -= std::min(budget, result.bytes);
-      Advance(result.bytes);
       if (result.bytes == total) return true;
       break;  // the socket is full
     case transport::IoStatus::kWouldBlock:
@@ -648,9 +650,10 @@ void QpTx::AbortStream(const rdmap::TerminateCause& cause) {
   mode_ = Mode::kDone;
 }
 
-void QpTx::Advance(std::size_t octets) {
+bool QpTx::Advance(std::size_t octets) {
   wire_written_ += octets;
   bool sq_done = false;
+  std::uint32_t responses_sent = 0;
   while (octets > 0 && in_flight_ > 0) {
     Slot& slot = slots_[first_];
     const std::size_t remaining = slot.frame.wire_length() - slot.sent;
@@ -671,10 +674,17 @@ void QpTx::Advance(std::size_t octets) {
       }
       sq_done = true;
     }
+    if (slot.role == Role::kResponseSegment && slot.last) ++responses_sent;
     first_ = (first_ + 1) % slot_count_;
     --in_flight_;
   }
-  if (sq_done) qp_.RetireSq();
+  if (responses_sent > 0) {
+    // The kernel has every octet of these responses: their requests no
+    // longer count against the IRD (RFC 5040 5.2.2, QN 1 buffers).
+    std::lock_guard lock(qp_.queue_mutex_);
+    qp_.irq_outstanding_ -= std::min(qp_.irq_outstanding_, responses_sent);
+  }
+  return sq_done;
 }
 
 void QpTx::FailSq(std::uint64_t seq, WcStatus status) {

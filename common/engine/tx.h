@@ -185,7 +185,9 @@ class QpTx {
   // Terminate (the stream can no longer carry one), transmit stops.
   void AbortStream(const rdmap::TerminateCause& cause);
   bool Write(std::size_t& budget);
-  void Advance(std::size_t octets);
+  // Retires `octets` written octets from the in-flight slots; true if an SQ
+  // entry became done (the caller retires the SQ).
+  bool Advance(std::size_t octets);
   void FailSq(std::uint64_t seq, WcStatus status);
   void FailResponse(AccessStatus status);
   void FinishWinding();

@@ -11,17 +11,20 @@
 // ib_check_mr_access rules).
 //
 // Memory is not pinned: the engine copies from and to the application's
-// virtual addresses. Registration checks that the range is mapped now
-// (EFAULT otherwise, like the kernel's page pinning); unmapping it while it
-// is registered is the application's error.
+// virtual addresses. Registration checks that the range is mapped now, and
+// readable, and writable when the access lets anyone write it (EFAULT
+// otherwise, as the kernel's page pinning; memory_map.h). Unmapping it or
+// changing its protection while it is registered is the application's error.
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <new>
+#include <optional>
 
 #include "common/engine/access.h"
 #include "providers/siwx/log.h"
+#include "providers/siwx/memory_map.h"
 #include "providers/siwx/provider.h"
 
 namespace siwx::provider {
@@ -53,8 +56,15 @@ int CheckAccess(unsigned int access) {
   return 0;
 }
 
+// Accesses that let someone write the memory; the kernel pins such a
+// registration for writing (ib_access_writable's set: a window bind may
+// grant write too).
+constexpr unsigned int kWritingAccessBits = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                            IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND;
+
 // True if every page of [addr, addr + length) is mapped (mincore fails with
-// ENOMEM on an unmapped page). length > 0 and the range does not wrap.
+// ENOMEM on an unmapped page). length > 0 and the range does not wrap. The
+// fallback when /proc/self/maps cannot be read: it cannot see permissions.
 bool RangeIsMapped(std::uintptr_t addr, std::size_t length) {
   const std::uintptr_t page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
   std::uintptr_t begin = addr & ~(page - 1);
@@ -136,7 +146,9 @@ ibv_mr* RegMr(ibv_pd* ibpd, void* addr, std::size_t length, std::uint64_t iova,
     errno = EINVAL;
     return nullptr;
   }
-  if (!RangeIsMapped(host, length)) {
+  const std::optional<RangeAccess> range =
+      QueryRangeAccess(host, length, (flags & kWritingAccessBits) != 0);
+  if (range ? *range != RangeAccess::kOk : !RangeIsMapped(host, length)) {
     errno = EFAULT;
     return nullptr;
   }

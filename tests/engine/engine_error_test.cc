@@ -6,8 +6,11 @@
 // that the engine closed the stream after the Terminate.
 #include <gtest/gtest.h>
 
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "engine/engine_test_util.h"
@@ -279,6 +282,43 @@ TEST_F(ErrorTest, SendWithInvalidateOfLocalOnlyStag) {
   EXPECT_TRUE(node_.memory().Check(key, node_.pd, AccessKind::kLocalWrite, local.addr(), 1).ok());
 }
 
+// ---- Registered memory the application made read-only ----
+
+// Registration refuses write access to read-only memory (verbs pd_mr), but
+// the application may mprotect a region after registering it. A Write whose
+// payload is received straight into that memory must not crash the
+// process: recvmsg fails with EFAULT, nothing is placed, and the stream ends
+// as a local protection error with a DDP Local Catastrophic Terminate (no
+// header copy, RFC 5040 Figure 10) and the QP's access error event.
+TEST_F(ErrorTest, WriteIntoMemoryMadeReadOnlyEndsTheStreamWithoutAFault) {
+  Start();
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  void* mem = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(mem, MAP_FAILED);
+  const auto addr = reinterpret_cast<std::uintptr_t>(mem);
+  const RegisterResult reg = node_.memory().Register(node_.pd, addr, 2 * page, addr, kAllRemote);
+  ASSERT_EQ(reg.status, RegisterStatus::kOk);
+  ASSERT_EQ(mprotect(mem, 2 * page, PROT_READ), 0);
+
+  // The framing first, and the payload only once the engine has read it, so
+  // the payload is received straight into the target.
+  const std::vector<std::uint8_t> payload(page, 0x5A);
+  std::vector<std::uint8_t> wire;
+  peer().FrameTo(WriteHeader(reg.stag, addr + 16), payload, wire);
+  const std::size_t framing = mpa::kUlpduLengthSize + rdmap::kDdpTaggedHeaderSize;
+  const std::uint64_t before = node_.qp->Counters().rx_octets;
+  peer().WriteAll(ByteSpan(wire.data(), framing));
+  ASSERT_TRUE(WaitUntil([&] { return node_.qp->Counters().rx_octets >= before + framing; }));
+  peer().WriteAll(ByteSpan(wire.data() + framing, wire.size() - framing));
+
+  ExpectTerminated({TerminateCause::DdpLocalCatastrophic(), {}, 0, {}},
+                   AsyncEventType::kQpAccessError);
+  const auto* bytes = static_cast<const std::uint8_t*>(mem);
+  EXPECT_TRUE(std::all_of(bytes, bytes + 2 * page, [](std::uint8_t b) { return b == 0; }));
+  EXPECT_EQ(node_.memory().Deregister(reg.stag), DeregisterStatus::kOk);
+  EXPECT_EQ(munmap(mem, 2 * page), 0);
+}
+
 // ---- Read Request errors: RFC 5040 4.8 Remote Protection, with R copies ----
 
 class ReadRequestErrorTest : public ErrorTest {
@@ -343,6 +383,77 @@ TEST_F(ErrorTest, ReadRequestBeyondIrd) {
   ExpectTerminated({TerminateCause::DdpNoBuffer(), std::vector<std::uint8_t>(all.begin(), all.begin() + 18),
                     46, {}},
                    AsyncEventType::kQpRequestError);
+}
+
+// RFC 5040 5.2.1: "One RDMA Read Request Message MUST consume one Untagged
+// Buffer." 5.2.2: "The Data Source MUST ensure that a sufficient number of
+// Untagged Buffers are available on the RDMA Read Request Queue (Queue with
+// DDP Queue Number 1) to support the maximum number of RDMA Read Requests
+// negotiated by the ULP." A request beyond the IRD finds no QN 1 buffer: the
+// DDP Untagged Buffer error "Invalid MSN - no buffer available" (1/2/1,
+// RFC 5041 7.2; Linux siw answers an IRQ overflow the same way), checked
+// like every Untagged DDP Segment field (RFC 5040 7.2 rule 1). A request is
+// outstanding until the last octet of its response went to the kernel, so
+// small requests that arrive together cannot free each other's slot.
+TEST_F(ErrorTest, BackToBackSmallReadRequestsBeyondIrd) {
+  LinkOptions o;
+  o.ird = 1;
+  Start(o);
+  Buffer src(8);
+  src.Fill(7);
+  const std::uint32_t key = src.Register(node_.memory(), node_.pd, kAllRemote);
+  std::vector<std::uint8_t> wire;
+  std::vector<std::uint8_t> second;
+  for (std::uint32_t msn = 1; msn <= 64; ++msn) {
+    const rdmap::DdpRdmapHeader h =
+        ReadRequestOf(msn, rdmap::ReadRequestBody{0x100, 0x2000 + 8 * msn, 8, key, src.addr()});
+    if (msn == 2) second = Encode(h);
+    peer().FrameTo(h, {}, wire);
+  }
+  peer().WriteAll(wire);  // all 64 in one write
+  ExpectTerminated({TerminateCause::DdpNoBuffer(),
+                    std::vector<std::uint8_t>(second.begin(), second.begin() + 18), 46, {}},
+                   AsyncEventType::kQpRequestError);
+  std::size_t responses = 0;
+  for (const WireSegment& seg : peer().segments()) {
+    if (seg.decoded.header.opcode == rdmap::Opcode::kRdmaReadResponse) ++responses;
+  }
+  EXPECT_LE(responses, o.ird);
+}
+
+// The other side of the same rule: a peer that keeps IRD requests in flight
+// and sends the next one the moment a response has arrived is served
+// without a Terminate, every response in request order with the right data.
+TEST_F(ErrorTest, ReadRequestsPipelinedUpToIrdAreServed) {
+  constexpr std::uint32_t kIrd = 8;
+  constexpr std::uint32_t kReads = 600;
+  LinkOptions o;
+  o.ird = kIrd;
+  o.ord = kIrd;
+  Start(o);
+  Buffer src(64);
+  src.Fill(9);
+  const std::uint32_t key = src.Register(node_.memory(), node_.pd, kAllRemote);
+  auto request = [&](std::uint32_t msn) {
+    const std::uint32_t i = msn - 1;
+    return ReadRequestOf(msn, rdmap::ReadRequestBody{0x700, 0x10000 + 8ull * i, 8, key,
+                                                     src.addr() + 8 * (i % 8)});
+  };
+  std::vector<std::uint8_t> window;
+  for (std::uint32_t msn = 1; msn <= kIrd; ++msn) peer().FrameTo(request(msn), {}, window);
+  peer().WriteAll(window);  // IRD requests at once: allowed
+  for (std::uint32_t next = kIrd + 1, got = 0; got < kReads; ++got) {
+    ASSERT_TRUE(peer().WaitSegments(got + 1)) << "response " << got;
+    const WireSegment& seg = peer().segments()[got];
+    ASSERT_EQ(seg.decoded.header.opcode, rdmap::Opcode::kRdmaReadResponse) << "segment " << got;
+    EXPECT_EQ(seg.decoded.header.to, 0x10000 + 8ull * got);
+    ASSERT_EQ(seg.payload.size(), 8u);
+    EXPECT_TRUE(SameBytes(seg.payload.data(), src.data() + 8 * (got % 8), 8));
+    if (next <= kReads) peer().SendHeader(request(next++));  // one slot freed: refill it
+  }
+  EXPECT_FALSE(peer().WaitEof(std::chrono::milliseconds(50)));
+  EXPECT_EQ(node_.qp->state(), QpState::kRts);
+  EXPECT_FALSE(node_.qp->Query().terminate_sent.has_value());
 }
 
 TEST_F(ErrorTest, ReadRequestWithWrongMsn) {

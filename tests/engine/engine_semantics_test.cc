@@ -8,6 +8,7 @@
 
 #include <vector>
 
+#include "common/util/bytes.h"
 #include "engine/engine_test_util.h"
 
 namespace siwx::engine::testing {
@@ -25,36 +26,75 @@ class SemanticsTest : public ::testing::Test {
   Node b_;
 };
 
-TEST_F(SemanticsTest, SendWithInvalidateInvalidatesThePeersStag) {
-  Connect();
+// RFC 5040 5.3: on a Send with Invalidate the RDMAP layer MUST "Invalidate
+// the STag if it is associated with the RDMAP Stream; or issue a Terminate
+// Message with the STag Cannot be Invalidated Terminate Error Code, if the
+// STag is not associated with the RDMAP Stream"; 8.1.1 rule 7: "An RNIC MUST
+// ensure that a Remote Peer is not able to invalidate an STag enabled for
+// remote access, if the STag is shared on multiple streams." A memory
+// region is valid on every QP of its PD: the peer on one connection gets
+// RDMAP Remote Protection / STag cannot be Invalidated (0/1/0x09), and the
+// region keeps serving the other connection.
+TEST_F(SemanticsTest, SendWithInvalidateCannotInvalidateAMemoryRegion) {
+  NodeOptions shared;
+  shared.pd = b_.pd;
+  Node b2(shared, b_.engine);  // second QP of b's engine, same PD
+  Node c;
+  Connect();                                      // a <-> b
+  Link(c, b2, Transport::kSocketPair, LinkOptions{});  // c <-> b2
   Buffer exposed(64);
   const std::uint32_t rkey = exposed.Register(b_.memory(), b_.pd, kAllRemote);
   Buffer rbuf(16);
   PostRecv(b_, 1, rbuf, rbuf.Register(b_.memory(), b_.pd, AccessFlags::kLocalWrite));
-  SendWorkRequest wr = MakeSend(2, SendOpcode::kSendWithInvalidate);
-  wr.invalidate_stag = rkey;
-  ASSERT_EQ(a_.qp->PostSend(wr), PostStatus::kOk);
-  const auto wc = WaitCompletions(*b_.recv_cq, 1);
-  ASSERT_EQ(wc.size(), 1u);
-  EXPECT_EQ(wc[0].status, WcStatus::kSuccess);
-  EXPECT_EQ(wc[0].wc_flags, static_cast<std::uint32_t>(kWcWithInv));
-  EXPECT_EQ(wc[0].invalidated_rkey, rkey);
-  EXPECT_EQ(b_.memory().Check(rkey, b_.pd, AccessKind::kRemoteWrite, exposed.addr(), 8).status,
-            AccessStatus::kInvalidated);
 
-  // A Write to the invalidated STag now ends the stream (RFC 5040 5.3).
-  Buffer src(8);
-  const std::uint32_t key = src.Register(a_.memory(), a_.pd, AccessFlags::kLocalWrite);
+  SendWorkRequest inv = MakeSend(2, SendOpcode::kSendWithInvalidate);
+  inv.invalidate_stag = rkey;
+  ASSERT_EQ(a_.qp->PostSend(inv), PostStatus::kOk);
+  const auto rwc = WaitCompletions(*b_.recv_cq, 1);
+  ASSERT_EQ(rwc.size(), 1u);
+  EXPECT_EQ(rwc[0].status, WcStatus::kRemInvReqErr);
+  EXPECT_TRUE(b_.events.WaitFor(AsyncEventType::kQpAccessError));
+  EXPECT_TRUE(WaitUntil([&] { return a_.qp->Query().terminate_received.has_value(); }));
+  const QpAttributes ba = b_.qp->Query();
+  ASSERT_TRUE(ba.terminate_sent.has_value());
+  EXPECT_EQ(ba.terminate_sent->cause, TerminateCause::RdmapStagCannotBeInvalidated());
+  EXPECT_EQ(ba.terminate_sent->cause.layer, 0);  // RDMAP
+  EXPECT_EQ(ba.terminate_sent->cause.etype, 1);  // Remote Protection Error
+  EXPECT_EQ(ba.terminate_sent->cause.ecode, 0x09);
+  // The DDP header copy names the offending Send with Invalidate (Figure 10).
+  ASSERT_TRUE(ba.terminate_sent->d);
+  const ByteSpan copy = ba.terminate_sent->DdpHeaderCopy();
+  ASSERT_GE(copy.size(), rdmap::kDdpUntaggedHeaderSize);
+  EXPECT_EQ(copy[1] & 0x0F, static_cast<int>(rdmap::Opcode::kSendWithInvalidate));
+  EXPECT_EQ(LoadBe32(copy.data() + 2), rkey);  // the Invalidate STag field
+  EXPECT_EQ(a_.qp->Query().terminate_received->cause, TerminateCause::RdmapStagCannotBeInvalidated());
+  EXPECT_TRUE(WaitUntil([&] { return b_.qp->state() == QpState::kError; }));
+
+  // The region is still valid, and the other connection still writes it.
+  EXPECT_TRUE(b_.memory().Check(rkey, b_.pd, AccessKind::kRemoteWrite, exposed.addr(), 64).ok());
+  Buffer src(64);
+  src.Fill(21);
+  const std::uint32_t key = src.Register(c.memory(), c.pd, AccessFlags::kLocalWrite);
   SendWorkRequest write = MakeSend(3, SendOpcode::kRdmaWrite);
-  AddSge(write, src.addr(), 8, key);
+  AddSge(write, src.addr(), 64, key);
   write.rkey = rkey;
   write.remote_addr = exposed.addr();
-  ASSERT_EQ(a_.qp->PostSend(write), PostStatus::kOk);
-  EXPECT_TRUE(b_.events.WaitFor(AsyncEventType::kQpAccessError));
-  EXPECT_TRUE(a_.events.WaitFor(AsyncEventType::kQpFatal));
-  EXPECT_TRUE(WaitUntil([&] { return a_.qp->Query().terminate_received.has_value(); }));
-  EXPECT_EQ(a_.qp->Query().terminate_received->cause, TerminateCause::DdpInvalidStag());
-  EXPECT_EQ(b_.qp->Query().terminate_sent->cause, TerminateCause::DdpInvalidStag());
+  // The Send behind the Write tells b2's side the Write was placed.
+  Buffer note(16);
+  PostRecv(b2, 4, note, note.Register(b2.memory(), b2.pd, AccessFlags::kLocalWrite));
+  ASSERT_EQ(c.qp->PostSend(write), PostStatus::kOk);
+  ASSERT_EQ(c.qp->PostSend(MakeSend(5, SendOpcode::kSend)), PostStatus::kOk);
+  const auto swc = WaitCompletions(*c.send_cq, 2);
+  ASSERT_EQ(swc.size(), 2u);
+  EXPECT_EQ(swc[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(swc[1].status, WcStatus::kSuccess);
+  const auto delivered = WaitCompletions(*b2.recv_cq, 1);
+  ASSERT_EQ(delivered.size(), 1u);
+  EXPECT_EQ(delivered[0].status, WcStatus::kSuccess);
+  EXPECT_TRUE(SameBytes(exposed.data(), src.data(), 64));
+  EXPECT_TRUE(exposed.GuardsIntact());
+  EXPECT_EQ(b2.qp->state(), QpState::kRts);
+  EXPECT_FALSE(b2.qp->Query().terminate_sent.has_value());
 }
 
 TEST_F(SemanticsTest, SolicitedEventNotifiesAnArmedCq) {

@@ -204,6 +204,7 @@ struct NodeOptions {
   bool sq_sig_all = false;
   ReceiveQueue* srq = nullptr;
   std::chrono::milliseconds teardown_timeout = kDefaultTeardownTimeout;  // own engine only
+  PdId pd = kNoPd;  // kNoPd: allocate one; else a PD of the shared engine
 };
 
 // One side: an engine (own or shared), a PD, two CQs and one QP in INIT.
@@ -218,7 +219,7 @@ struct Node {
     } else {
       engine = shared_engine;
     }
-    pd = engine->memory().AllocatePd();
+    pd = options.pd != kNoPd ? options.pd : engine->memory().AllocatePd();
     CompletionQueue::Callbacks scb;
     send_cq = CompletionQueue::Create(options.cq_depth, scb);
     CompletionQueue::Callbacks rcb;

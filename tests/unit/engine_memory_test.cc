@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -33,10 +34,28 @@ MemoryTable::KeySource Keys(std::vector<std::uint8_t> keys) {
   };
 }
 
+// Indices from a fixed list (cycled), so tests can pin exact STag values.
+MemoryTable::IndexSource Indices(std::vector<std::uint32_t> indices) {
+  auto state = std::make_shared<std::pair<std::vector<std::uint32_t>, std::size_t>>(
+      std::move(indices), 0);
+  return [state]() -> std::optional<std::uint32_t> {
+    const std::uint32_t i = state->first[state->second % state->first.size()];
+    ++state->second;
+    return i;
+  };
+}
+
+// Indices 1, 2, 3, ...
+MemoryTable::IndexSource Sequential() {
+  auto next = std::make_shared<std::uint32_t>(0);
+  return [next]() -> std::optional<std::uint32_t> { return ++*next; };
+}
+
 MemoryTable::Options Opts(std::vector<std::uint8_t> keys, std::uint32_t reuse_delay = 0,
                           std::uint32_t max_regions = 1u << 20) {
   MemoryTable::Options o;
   o.key_source = Keys(std::move(keys));
+  o.index_source = Sequential();
   o.reuse_delay = reuse_delay;
   o.max_regions = max_regions;
   return o;
@@ -129,7 +148,7 @@ TEST(Register, RejectsBadArguments) {
   EXPECT_EQ(table.region_count(), 4u);
 }
 
-TEST(Register, NoRandomnessFailsWithoutUsingAnIndex) {
+TEST(Register, NoRandomnessFailsWithoutARegion) {
   MemoryTable::Options o;
   bool available = false;
   o.key_source = [&available]() -> std::optional<std::uint8_t> {
@@ -142,77 +161,118 @@ TEST(Register, NoRandomnessFailsWithoutUsingAnIndex) {
   EXPECT_EQ(table.Register(pd, 0, 8, Addr(buf), kLocalWrite).status, RegisterStatus::kNoRandomness);
   EXPECT_EQ(table.region_count(), 0u);
   available = true;
-  EXPECT_EQ(table.Register(pd, 0, 8, Addr(buf), kLocalWrite).stag, MakeStag(1, 0x77));
+  const RegisterResult r = table.Register(pd, 0, 8, Addr(buf), kLocalWrite);
+  EXPECT_EQ(r.status, RegisterStatus::kOk);
+  EXPECT_EQ(StagKey(r.stag), 0x77u);
+
+  MemoryTable::Options no_index;
+  no_index.index_source = []() -> std::optional<std::uint32_t> { return std::nullopt; };
+  MemoryTable table2(std::move(no_index));
+  const PdId pd2 = table2.AllocatePd();
+  EXPECT_EQ(table2.Register(pd2, 0, 8, Addr(buf), kLocalWrite).status,
+            RegisterStatus::kNoRandomness);
+  EXPECT_EQ(table2.region_count(), 0u);
 }
 
-TEST(Register, ReusedIndexNeverGetsItsPreviousKey) {
-  // The source always answers 0x33: the second registration of index 1 must
-  // still move to another key: 0x33 + 1 + (0x33 % 255) = 0x67.
-  MemoryTable table(Opts({0x33}));
+TEST(Register, FreedIndexIsNotReissuedWithinTheReuseDelay) {
+  // The source offers index 1 again at once: it is skipped while among the
+  // last two freed, and may come back once two more have been freed.
+  MemoryTable::Options o = Opts({0x10, 0x20, 0x30, 0x40, 0x50}, /*reuse_delay=*/2);
+  o.index_source = Indices({1, 2, 1, 3, 2, 1});
+  MemoryTable t(std::move(o));
   std::vector<std::uint8_t> buf(8);
-  const PdId pd = table.AllocatePd();
-  const std::uint32_t first = table.Register(pd, 0, 8, Addr(buf), kLocalWrite).stag;
-  EXPECT_EQ(first, MakeStag(1, 0x33));
-  ASSERT_EQ(table.Deregister(first), DeregisterStatus::kOk);
-  const std::uint32_t second = table.Register(pd, 0, 8, Addr(buf), kLocalWrite).stag;
-  EXPECT_EQ(second, MakeStag(1, 0x67));
-  // The stale STag names nothing, and deregistering it leaves the new one.
-  EXPECT_EQ(table.Check(first, pd, AccessKind::kLocalRead, 0, 1).status, AccessStatus::kInvalidStag);
-  EXPECT_EQ(table.Deregister(first), DeregisterStatus::kInvalidStag);
-  EXPECT_EQ(table.Check(second, pd, AccessKind::kLocalRead, 0, 1).status, AccessStatus::kOk);
+  const PdId pd = t.AllocatePd();
+  auto reg = [&] { return t.Register(pd, 0, 8, Addr(buf), kLocalWrite).stag; };
+  const std::uint32_t a = reg();
+  const std::uint32_t b = reg();
+  EXPECT_EQ(a, MakeStag(1, 0x10));
+  EXPECT_EQ(b, MakeStag(2, 0x20));
+  ASSERT_EQ(t.Deregister(a), DeregisterStatus::kOk);
+  const std::uint32_t c = reg();  // 1 was just freed: skipped, 3 taken
+  EXPECT_EQ(c, MakeStag(3, 0x30));
+  ASSERT_EQ(t.Deregister(b), DeregisterStatus::kOk);
+  ASSERT_EQ(t.Deregister(c), DeregisterStatus::kOk);
+  const std::uint32_t d = reg();  // 2 is recent; 1 left the window
+  EXPECT_EQ(d, MakeStag(1, 0x40));
+  // The stale STags name nothing.
+  EXPECT_EQ(t.Check(a, pd, AccessKind::kLocalRead, 0, 1).status, AccessStatus::kInvalidStag);
+  EXPECT_EQ(t.Deregister(a), DeregisterStatus::kInvalidStag);
+  EXPECT_EQ(t.Check(d, pd, AccessKind::kLocalRead, 0, 1).status, AccessStatus::kOk);
 }
 
-TEST(Register, KeyCollisionStepCoversWraparound) {
-  // Key 0xFF collides; the step draw 0xFE gives 0xFF + 1 + (0xFE % 255) = 0xFF + 0xFF = 0xFE.
-  MemoryTable table(Opts({0xFF, 0xFF, 0xFE}));
-  std::vector<std::uint8_t> buf(8);
-  const PdId pd = table.AllocatePd();
-  const std::uint32_t first = table.Register(pd, 0, 8, Addr(buf), kLocalWrite).stag;
-  ASSERT_EQ(first, MakeStag(1, 0xFF));
-  ASSERT_EQ(table.Deregister(first), DeregisterStatus::kOk);
-  EXPECT_EQ(table.Register(pd, 0, 8, Addr(buf), kLocalWrite).stag, MakeStag(1, 0xFE));
-}
-
-TEST(Register, CsprngKeysDifferPerRegistrationOfAnIndex) {
-  MemoryTable::Options o;
-  o.reuse_delay = 0;  // re-register index 1 every time
+TEST(Register, IndexDrawsThatKeepHittingUsedOnesFail) {
+  MemoryTable::Options o = Opts({0x10});
+  o.index_source = Indices({5});
   MemoryTable table(std::move(o));
   std::vector<std::uint8_t> buf(8);
   const PdId pd = table.AllocatePd();
-  std::set<std::uint8_t> keys;
-  std::uint32_t previous = 0;
-  for (int i = 0; i < 200; ++i) {
-    const RegisterResult r = table.Register(pd, 0, 8, Addr(buf), kLocalWrite);
-    ASSERT_EQ(r.status, RegisterStatus::kOk);
-    ASSERT_EQ(StagIndex(r.stag), 1u);
-    ASSERT_NE(r.stag, previous) << "registration " << i;
-    keys.insert(StagKey(r.stag));
-    previous = r.stag;
-    ASSERT_EQ(table.Deregister(r.stag), DeregisterStatus::kOk);
-  }
-  // 200 draws from 255 possible keys: fewer than 50 distinct values would
-  // mean the keys are not random (probability far below 1e-30).
-  EXPECT_GT(keys.size(), 50u);
+  EXPECT_EQ(table.Register(pd, 0, 8, Addr(buf), kLocalWrite).stag, MakeStag(5, 0x10));
+  EXPECT_EQ(table.Register(pd, 0, 8, Addr(buf), kLocalWrite).status, RegisterStatus::kNoResources);
+  EXPECT_EQ(table.region_count(), 1u);
 }
 
-TEST(Register, FreedIndicesComeBackFifoAfterTheReuseDelay) {
-  MemoryTable table(Opts({0x10, 0x20, 0x30, 0x40, 0x50, 0x60}, /*reuse_delay=*/2));
+// RFC 5042 6.1.1 and RFC 5040 8.1.1 rule 8: STags "difficult to predict",
+// "sparsely populate[d] ... over the full available range". With the
+// CSPRNG, consecutive registrations get unrelated indices and keys, all
+// distinct, spread over the 24-bit index space; a freed STag does not come
+// back at the next registration.
+TEST(Register, CsprngStagsAreUnpredictableAndDistinct) {
+  MemoryTable table;
   std::vector<std::uint8_t> buf(8);
   const PdId pd = table.AllocatePd();
-  auto reg = [&] { return table.Register(pd, 0, 8, Addr(buf), kLocalWrite).stag; };
-  const std::uint32_t a = reg();  // index 1
-  const std::uint32_t b = reg();  // index 2
-  EXPECT_EQ(table.Deregister(a), DeregisterStatus::kOk);
-  const std::uint32_t c = reg();  // one free index < delay 2: grow to 3
-  EXPECT_EQ(StagIndex(c), 3u);
-  EXPECT_EQ(table.Deregister(b), DeregisterStatus::kOk);
-  const std::uint32_t d = reg();  // two free: oldest freed (1) comes back
-  EXPECT_EQ(StagIndex(d), 1u);
-  const std::uint32_t e = reg();  // one free (2) < delay: grow to 4
-  EXPECT_EQ(StagIndex(e), 4u);
+  constexpr int kCount = 20000;
+  std::vector<std::uint32_t> stags;
+  std::set<std::uint32_t> distinct;
+  std::set<std::uint8_t> keys;
+  int sequential = 0;
+  std::uint32_t min_index = kMaxStagIndex;
+  std::uint32_t max_index = 0;
+  for (int i = 0; i < kCount; ++i) {
+    const RegisterResult r = table.Register(pd, 0, 8, Addr(buf), kLocalWrite);
+    ASSERT_EQ(r.status, RegisterStatus::kOk);
+    const std::uint32_t index = StagIndex(r.stag);
+    if (!stags.empty()) {
+      const std::uint32_t previous = StagIndex(stags.back());
+      if (index == previous + 1 || index + 1 == previous) ++sequential;
+    }
+    min_index = std::min(min_index, index);
+    max_index = std::max(max_index, index);
+    stags.push_back(r.stag);
+    distinct.insert(r.stag);
+    keys.insert(StagKey(r.stag));
+  }
+  EXPECT_EQ(distinct.size(), static_cast<std::size_t>(kCount));
+  // Neighbouring indices by chance: about kCount * 2 / 2^24 = 0.002.
+  EXPECT_LE(sequential, 2);
+  // 20000 uniform draws from 2^24 all landing in one eighth: chance 8^-20000.
+  EXPECT_LT(min_index, kMaxStagIndex / 8);
+  EXPECT_GT(max_index, kMaxStagIndex / 8 * 7);
+  EXPECT_EQ(keys.size(), 256u);  // all 256 keys appear (miss chance ~1e-32)
+  // Every STag stays reachable in the open-addressing table.
+  for (const std::uint32_t stag : stags) {
+    ASSERT_EQ(table.Check(stag, pd, AccessKind::kLocalRead, 0, 8).status, AccessStatus::kOk);
+  }
+  // Free every other one (probe runs get holes), check the rest, then make
+  // sure a freed STag is not what the next registration gets.
+  for (std::size_t i = 0; i < stags.size(); i += 2) {
+    ASSERT_EQ(table.Deregister(stags[i]), DeregisterStatus::kOk);
+  }
+  for (std::size_t i = 0; i < stags.size(); ++i) {
+    ASSERT_EQ(table.Check(stags[i], pd, AccessKind::kLocalRead, 0, 8).status,
+              i % 2 == 0 ? AccessStatus::kInvalidStag : AccessStatus::kOk)
+        << i;
+  }
+  for (int i = 0; i < 2000; ++i) {
+    const std::uint32_t old = table.Register(pd, 0, 8, Addr(buf), kLocalWrite).stag;
+    ASSERT_EQ(table.Deregister(old), DeregisterStatus::kOk);
+    const RegisterResult next = table.Register(pd, 0, 8, Addr(buf), kLocalWrite);
+    ASSERT_EQ(next.status, RegisterStatus::kOk);
+    ASSERT_NE(StagIndex(next.stag), StagIndex(old)) << "registration " << i;
+    ASSERT_EQ(table.Deregister(next.stag), DeregisterStatus::kOk);
+  }
 }
 
-TEST(Register, FullTableReusesAtOnceThenRunsOut) {
+TEST(Register, FullTableRunsOut) {
   MemoryTable table(Opts({0x10, 0x20, 0x30, 0x40}, /*reuse_delay=*/100, /*max_regions=*/2));
   std::vector<std::uint8_t> buf(8);
   const PdId pd = table.AllocatePd();
@@ -223,9 +283,8 @@ TEST(Register, FullTableReusesAtOnceThenRunsOut) {
   EXPECT_EQ(b.stag, MakeStag(2, 0x20));
   EXPECT_EQ(reg().status, RegisterStatus::kNoResources);
   ASSERT_EQ(table.Deregister(b.stag), DeregisterStatus::kOk);
-  // Cannot grow, so the freed index is reused despite the delay. The failed
-  // attempt above drew no key, so the next key is 0x30.
-  EXPECT_EQ(reg().stag, MakeStag(2, 0x30));
+  // Room again; the failed attempt drew neither an index nor a key.
+  EXPECT_EQ(reg().stag, MakeStag(3, 0x30));
 }
 
 // One VA-based region: TOs [0x1000, 0x1100), rights local+remote write.
@@ -383,7 +442,9 @@ TEST(Invalidate, LocalInvalidationFailsEveryLaterAccess) {
   EXPECT_EQ(table.InvalidateLocal(stag, pd), InvalidateStatus::kInvalidStag);
 }
 
-TEST(Invalidate, RemoteOnlyForStagsWithRemoteAccess) {
+// RFC 5040 8.1.1 rule 7: a peer cannot invalidate an STag shared on
+// multiple streams, and a memory region is shared by every stream of its PD.
+TEST(Invalidate, RemoteInvalidationOfAMemoryRegionIsRefused) {
   MemoryTable table(Opts({0x01, 0x02, 0x03}));
   std::vector<std::uint8_t> buf(8);
   const PdId pd = table.AllocatePd();
@@ -391,15 +452,17 @@ TEST(Invalidate, RemoteOnlyForStagsWithRemoteAccess) {
   const std::uint32_t readable = table.Register(pd, 0, 8, Addr(buf), kRemoteRead).stag;
   const std::uint32_t writable = table.Register(pd, 0, 8, Addr(buf), kRw).stag;
   EXPECT_EQ(table.InvalidateRemote(local, pd), InvalidateStatus::kCannotInvalidate);
+  EXPECT_EQ(table.InvalidateRemote(readable, pd), InvalidateStatus::kCannotInvalidate);
+  EXPECT_EQ(table.InvalidateRemote(writable, pd), InvalidateStatus::kCannotInvalidate);
   EXPECT_EQ(table.Check(local, pd, AccessKind::kLocalWrite, 0, 8).status, AccessStatus::kOk);
+  EXPECT_EQ(table.Check(readable, pd, AccessKind::kRemoteRead, 0, 8).status, AccessStatus::kOk);
+  EXPECT_EQ(table.Check(writable, pd, AccessKind::kRemoteWrite, 0, 8).status, AccessStatus::kOk);
   EXPECT_EQ(table.InvalidateRemote(readable, pd + 1), InvalidateStatus::kPdMismatch);
-  EXPECT_EQ(table.InvalidateRemote(readable, pd), InvalidateStatus::kOk);
-  EXPECT_EQ(table.Check(readable, pd, AccessKind::kRemoteRead, 0, 8).status,
-            AccessStatus::kInvalidated);
-  EXPECT_EQ(table.InvalidateRemote(writable, pd), InvalidateStatus::kOk);
+  EXPECT_EQ(table.InvalidateRemote(0, pd), InvalidateStatus::kInvalidStag);
+  // The owner's Local Invalidate still works.
+  EXPECT_EQ(table.InvalidateLocal(writable, pd), InvalidateStatus::kOk);
   EXPECT_EQ(table.Check(writable, pd, AccessKind::kRemoteWrite, 0, 8).status,
             AccessStatus::kInvalidated);
-  EXPECT_EQ(table.InvalidateRemote(0, pd), InvalidateStatus::kInvalidStag);
 }
 
 TEST(Deregister, UnknownAndRepeatedStags) {

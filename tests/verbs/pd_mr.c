@@ -105,6 +105,33 @@ int main(void)
 	check_mr(mr, pd, hole, page);
 	CHECK_EQ(ibv_dereg_mr(mr), 0);
 	CHECK_EQ(munmap(hole, page), 0);
+	/* Read-only memory: registering it for writing would let a peer's RDMA
+	 * Write fault the process, so it fails with EFAULT as the kernel's page
+	 * pinning for write does; registering it for remote reading works. */
+	void *ro = mmap(NULL, 2 * page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	CHECK(ro != MAP_FAILED);
+	CHECK_NULL_ERRNO(ibv_reg_mr(pd, ro, 2 * page,
+				    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE), EFAULT);
+	CHECK_NULL_ERRNO(ibv_reg_mr(pd, ro, page, IBV_ACCESS_LOCAL_WRITE), EFAULT);
+	CHECK_NULL_ERRNO(ibv_reg_mr(pd, ro, page, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+						      IBV_ACCESS_REMOTE_ATOMIC), EFAULT);
+	CHECK_NULL_ERRNO(ibv_reg_mr(pd, ro, page, IBV_ACCESS_MW_BIND), EFAULT);
+	mr = ibv_reg_mr(pd, ro, 2 * page, IBV_ACCESS_REMOTE_READ);
+	check_mr(mr, pd, ro, 2 * page);
+	CHECK_EQ(ibv_dereg_mr(mr), 0);
+	mr = ibv_reg_mr(pd, ro, page, 0);
+	check_mr(mr, pd, ro, page);
+	CHECK_EQ(ibv_dereg_mr(mr), 0);
+	/* Writable then read-only: the read-only half decides. */
+	CHECK_EQ(mprotect(ro, page, PROT_READ | PROT_WRITE), 0);
+	CHECK_NULL_ERRNO(ibv_reg_mr(pd, ro, 2 * page, IBV_ACCESS_LOCAL_WRITE), EFAULT);
+	mr = ibv_reg_mr(pd, ro, page, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	check_mr(mr, pd, ro, page);
+	CHECK_EQ(ibv_dereg_mr(mr), 0);
+	/* No access at all: not even remote reading. */
+	CHECK_EQ(mprotect(ro, 2 * page, PROT_NONE), 0);
+	CHECK_NULL_ERRNO(ibv_reg_mr(pd, ro, page, IBV_ACCESS_REMOTE_READ), EFAULT);
+	CHECK_EQ(munmap(ro, 2 * page), 0);
 	/* An unaligned sub-range of a buffer registers as given. */
 	mr = ibv_reg_mr(pd, buffer + 3, 100, IBV_ACCESS_REMOTE_READ);
 	check_mr(mr, pd, buffer + 3, 100);

@@ -3,8 +3,8 @@
  * have), connected by a socketpair or loopback TCP handed to both with the
  * provider's siwx_qp_bind_stream(). Send, RDMA Write and RDMA Read of 0, 1,
  * 4099 octets and 1 MiB with SGE lists, under several stream parameter
- * sets (CRC on/off, markers, RFC 6581 RTR); Send with Invalidate, Local
- * Invalidate, inline data, fences, long WR lists with selective signalling,
+ * sets (CRC on/off, markers, RFC 6581 RTR); Local Invalidate, the refused
+ * Send with Invalidate of a memory region, inline data, fences, long WR lists with selective signalling,
  * solicited events, and completion channels (ibv_req_notify_cq,
  * ibv_get_cq_event, ibv_ack_cq_events). */
 #define _GNU_SOURCE
@@ -269,32 +269,13 @@ static void inline_send(struct side *a, struct side *b)
 	expect_wc(&wc, 73, IBV_WC_RDMA_WRITE, 100, a->qp->qp_num);
 }
 
-/* Send with Invalidate names one of B's STags (RFC 5040 5.3); B's receive
- * completion says which; Local Invalidate completes as LOCAL_INV. */
-static void invalidation(struct side *a, struct side *b)
+/* Local Invalidate of one of A's own STags completes as LOCAL_INV (a peer's
+ * Send with Invalidate is refused: remote_invalidation_refused). */
+static void local_invalidation(struct side *a)
 {
 	uint8_t *extra = malloc(4096);
 	CHECK(extra != NULL);
-	struct ibv_mr *remote = ibv_reg_mr(b->pd, extra, 4096,
-					   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
-	CHECK(remote != NULL);
-	post_recv_split(b, 81, 16, 1);
-	struct ibv_sge sge;
-	split(a, 0, 16, &sge, 1);
-	struct ibv_send_wr wr = {.wr_id = 82, .sg_list = &sge, .num_sge = 1,
-				 .opcode = IBV_WR_SEND_WITH_INV, .send_flags = IBV_SEND_SIGNALED};
-	wr.invalidate_rkey = remote->rkey;
-	post_send_wr(a, &wr);
 	struct ibv_wc wc;
-	CHECK_EQ(poll_n(b->rcq, &wc, 1), 1);
-	expect_wc(&wc, 81, IBV_WC_RECV, 16, b->qp->qp_num);
-	CHECK_EQ(wc.wc_flags, IBV_WC_WITH_INV);
-	CHECK_EQ_U64(wc.invalidated_rkey, remote->rkey);
-	CHECK_EQ(poll_n(a->scq, &wc, 1), 1);
-	expect_wc(&wc, 82, IBV_WC_SEND, 16, a->qp->qp_num);
-	CHECK_EQ(ibv_dereg_mr(remote), 0);
-
-	/* Local Invalidate of one of A's own STags. */
 	struct ibv_mr *local = ibv_reg_mr(a->pd, extra, 4096, IBV_ACCESS_LOCAL_WRITE);
 	CHECK(local != NULL);
 	struct ibv_send_wr inv = {.wr_id = 83, .opcode = IBV_WR_LOCAL_INV,
@@ -419,13 +400,54 @@ static void run(const struct config *c, int full)
 	if (full) {
 		channels(&a, &b);
 		inline_send(&a, &b);
-		invalidation(&a, &b);
+		local_invalidation(&a);
 		lists_and_fence(&a, &b);
 	}
 	orderly_end(&a, &b);
 	side_close(&a);
 	side_close(&b);
 	printf("qp_data: %s ok\n", c->name);
+}
+
+/* A memory region is valid on every QP of its PD, so a peer cannot
+ * invalidate it (RFC 5040 8.1.1 rule 7; 5.3: "issue a Terminate Message
+ * with the STag Cannot be Invalidated Terminate Error Code"). B refuses A's
+ * Send with Invalidate with that Terminate: B's receive completes with
+ * REM_INV_REQ_ERR and an access error event, A's QP gets the fatal event,
+ * and the region stays registered (deregistered at close). */
+static void remote_invalidation_refused(void)
+{
+	struct side a, b;
+	side_open(&a);
+	side_open(&b);
+	side_qp(&a);
+	side_qp(&b);
+	struct siwx_stream_params p = default_params();
+	int fds[2];
+	connected_fds(0, fds);
+	CHECK_EQ(bind_stream_fn()(a.qp, fds[0], &p, NULL), 0);
+	CHECK_EQ(bind_stream_fn()(b.qp, fds[1], &p, NULL), 0);
+	post_recv_split(&b, 81, 16, 1);
+	struct ibv_sge sge;
+	split(&a, 0, 16, &sge, 1);
+	struct ibv_send_wr wr = {.wr_id = 82, .sg_list = &sge, .num_sge = 1,
+				 .opcode = IBV_WR_SEND_WITH_INV, .send_flags = IBV_SEND_SIGNALED};
+	wr.invalidate_rkey = b.mr->rkey;
+	post_send_wr(&a, &wr);
+	struct ibv_wc wc;
+	CHECK_EQ(poll_n(b.rcq, &wc, 1), 1);
+	CHECK_EQ_U64(wc.wr_id, 81);
+	CHECK_EQ(wc.status, IBV_WC_REM_INV_REQ_ERR);
+	struct ibv_async_event event;
+	wait_async_event(b.ctx, &event);
+	CHECK_EQ(event.event_type, IBV_EVENT_QP_ACCESS_ERR);
+	ibv_ack_async_event(&event);
+	wait_async_event(a.ctx, &event);
+	CHECK_EQ(event.event_type, IBV_EVENT_QP_FATAL);
+	ibv_ack_async_event(&event);
+	side_close(&a);
+	side_close(&b);
+	printf("qp_data: Send with Invalidate of a memory region refused ok\n");
 }
 
 int main(void)
@@ -441,5 +463,6 @@ int main(void)
 	};
 	for (size_t i = 0; i < sizeof(configs) / sizeof(configs[0]); i++)
 		run(&configs[i], i < 2);
+	remote_invalidation_refused();
 	return 0;
 }
