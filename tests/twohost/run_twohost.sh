@@ -308,6 +308,52 @@ clean)
 	start_client 120 -- --rounds 300
 	expect_clean_run 300
 	;;
+impaired_traffic)
+	start_impair 240 "${impairment[@]}"
+	start_server 200 -- --rounds 90 --max-size 65536
+	start_client 200 -- --rounds 90 --max-size 65536
+	expect_clean_run 90
+	stop_impair
+	;;
+impaired_rping)
+	count=40
+	start_impair 240 "${impairment[@]}"
+	ip netns exec "$ns_a" timeout -k 5 200 "$run" -- rping -s -a "$addr_a" -p "$port" -C "$count" -S 4096 >"$work/server.log" 2>&1 &
+	server_pid=$!
+	wait_listening
+	in_b timeout -k 5 200 "$run" -- rping -c -a "$addr_a" -p "$port" -C "$count" -S 4096 -v -V \
+		>"$work/client.log" 2>&1
+	c=$?
+	# A server whose client failed would wait for it until its timeout.
+	[ "$c" -eq 0 ] || kill -TERM "$server_pid" 2>/dev/null
+	wait "$server_pid"
+	s=$?
+	[ "$c" -eq 0 ] && [ "$s" -eq 0 ] || fail "rping exited with client $c server $s"
+	lines=$(grep -c '^ping data: rdma-ping-' "$work/client.log")
+	[ "$lines" = "$count" ] || fail "$lines verified pings, want $count"
+	echo "rping: $count pings of 4096 octets, verified by rping -V"
+	stop_impair
+	;;
+impaired_write_bw | impaired_read_bw)
+	tool=ib_${scenario#impaired_}
+	start_impair 240 "${impairment[@]}"
+	ip netns exec "$ns_a" timeout -k 5 200 "$run" -- "$tool" -R -d siwx_veth0 -p "$port" -n 40 -s 65536 \
+		>"$work/server.log" 2>&1 &
+	server_pid=$!
+	wait_listening
+	in_b timeout -k 5 200 "$run" -- "$tool" -R -d siwx_veth0 -p "$port" -n 40 -s 65536 "$addr_a" \
+		>"$work/client.log" 2>&1
+	c=$?
+	# A server whose client failed would wait for it until its timeout.
+	[ "$c" -eq 0 ] || kill -TERM "$server_pid" 2>/dev/null
+	wait "$server_pid"
+	s=$?
+	[ "$c" -eq 0 ] && [ "$s" -eq 0 ] || fail "$tool exited with client $c server $s"
+	row=$(awk '$1 == 65536 && $2 == 40' "$work/client.log")
+	[ -n "$row" ] || fail "no result row for 40 iterations of 65536 octets"
+	echo "$tool: $row"
+	stop_impair
+	;;
 *)
 	echo "unknown scenario '$scenario'" >&2
 	exit 2
