@@ -354,6 +354,26 @@ impaired_write_bw | impaired_read_bw)
 	echo "$tool: $row"
 	stop_impair
 	;;
+kill_server | kill_client)
+	kill_one "${scenario#kill_}"
+	;;
+rst)
+	# The first packet with payload 3 s after impair started becomes an RST.
+	start_impair 60 --rst-after-ms 3000
+	start_fault_traffic 40
+	expect_both_survive rst
+	stop_impair
+	;;
+partition)
+	# From 3 s on, nothing passes for 30 s. Each side gives up after 3 s
+	# without a completion and calls rdma_disconnect: its FIN cannot reach
+	# the peer, so only the teardown bound ends the connection.
+	start_impair 60 --partition-after-ms 3000 --partition-ms 30000
+	stall_ms=3000
+	start_fault_traffic 40
+	expect_both_survive partition_start from_detection
+	stop_impair
+	;;
 *)
 	echo "unknown scenario '$scenario'" >&2
 	exit 2
