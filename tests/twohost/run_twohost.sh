@@ -374,6 +374,21 @@ partition)
 	expect_both_survive partition_start from_detection
 	stop_impair
 	;;
+partition_heal)
+	# The same 30 s partition, 20 ms delay on the link, and applications
+	# that wait it out: TCP retransmits once the link is back (its backoff
+	# puts the first retry about 50 s after the partition began) and every
+	# round completes, nothing lost, nothing wrong.
+	start_impair 150 --delay 20 --partition-after-ms 3000 --partition-ms 30000
+	start_server 140 -- --rounds 60 --max-size 65536 --stall-ms 100000
+	start_client 140 -- --rounds 60 --max-size 65536 --stall-ms 100000
+	expect_clean_run 60
+	counters=$(stop_impair)
+	echo "$counters"
+	case $counters in *" partition_dropped=0 "*) fail "the partition dropped nothing" ;; esac
+	echo "partition: $(impair_event_ms partition_start) to $(impair_event_ms partition_end) ms" \
+		"($(($(impair_event_ms partition_end) - $(impair_event_ms partition_start))) ms without a packet through)"
+	;;
 bitflip_crc)
 	# One bit of TCP payload flipped past the startup frames, the TCP
 	# checksum fixed: with CRC on, the receiver must find it (RFC 5044 8:
