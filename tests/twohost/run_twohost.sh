@@ -432,6 +432,30 @@ bitflip_nocrc)
 	grep -h 'Terminate\|corruption' "$work/server.log" "$work/client.log"
 	[ "$corrupt" -gt 0 ] || [ "$terminates" -gt 0 ] || fail "three bit flips had no visible effect"
 	;;
+connections)
+	# 1000 connection attempts against one listener: 500 honest ones, one
+	# after the other, each moving and checking one round, while a burst
+	# of 500 hostile ones arrives (half send 64 octets that are not an MPA
+	# Request, half send nothing). The MPA startup timeout is 2 s here, so
+	# the silent ones are dropped within the test. Every honest connection
+	# must succeed, every hostile one must be closed by the server, and the
+	# server's fds, threads and heap must be back where they were after its
+	# first connection.
+	start_server 150 SIWX_MPA_TIMEOUT_MS=2000 -- --rounds 1 --connections 500 --max-size 65536 \
+		--settle-ms 4000
+	start_client 150 -- --rounds 1 --connections 500 --max-size 65536
+	# The burst starts once the server has its baseline (after the first
+	# honest connection, which opened the device).
+	wait_for_line "$work/server.log" 'baseline taken' 30 || fail "the first connection did not end"
+	ip netns exec "$ns_b" timeout -k 5 60 python3 "$(dirname "$0")/burst.py" "$addr_a" "$port" 500 20 \
+		>"$work/burst.log" 2>&1 &
+	burst_pid=$!
+	wait "$burst_pid" || fail "burst.py failed"
+	expect_clean_run 500
+	cat "$work/burst.log"
+	grep -q ' left_open=0$' "$work/burst.log" || fail "the server left hostile connections open"
+	grep '^twohost_traffic: usage' "$work/server.log"
+	;;
 *)
 	echo "unknown scenario '$scenario'" >&2
 	exit 2

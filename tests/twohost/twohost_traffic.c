@@ -35,7 +35,9 @@
  * (times in CLOCK_REALTIME milliseconds, or relative to the fault).
  * Exit status 0 when every check held. One thread. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <netdb.h>
 #include <rdma/rdma_cma.h>
 #include <stdarg.h>
@@ -70,6 +72,8 @@ struct options {
 	long bound_ms;
 	long slack_ms;
 	long seconds;
+	long connections;
+	long settle_ms;
 	int tolerate_corruption;
 	const char *pid_file;
 };
@@ -109,6 +113,10 @@ struct side {
 	int disconnected;
 	int disconnect_called;
 	int finished; /* every round done: what follows is the orderly end */
+	long long flush_ms;
+	long long disconnected_ms;
+	long round_base; /* rounds of the earlier connections */
+	struct rdma_cm_event *pending_request; /* the next connection's, not acked yet */
 };
 
 static const char *side_name(const struct side *s) { return s->o.server ? "server" : "client"; }
@@ -238,6 +246,11 @@ static void check_events(struct side *s)
 	struct rdma_cm_event *ev;
 	while (rdma_get_cm_event(s->ec, &ev) == 0) {
 		const enum rdma_cm_event_type type = ev->event;
+		if (type == RDMA_CM_EVENT_CONNECT_REQUEST && s->o.server && s->pending_request == NULL &&
+		    s->o.connections > 1) {
+			s->pending_request = ev; /* the next connection, early */
+			continue;
+		}
 		rdma_ack_cm_event(ev);
 		if (type == RDMA_CM_EVENT_DISCONNECTED) {
 			if (!s->disconnected) {
@@ -254,7 +267,7 @@ static void check_events(struct side *s)
 		}
 	}
 	struct ibv_async_event aev;
-	while (ibv_get_async_event(s->id->verbs, &aev) == 0) {
+	while (s->id != NULL && ibv_get_async_event(s->id->verbs, &aev) == 0) {
 		const enum ibv_event_type type = aev.event_type;
 		ibv_ack_async_event(&aev);
 		printf("twohost_traffic: %s: async event %s\n", side_name(s), ibv_event_type_str(type));
@@ -373,9 +386,10 @@ static void progress_line(struct side *s)
 static void client_rounds(struct side *s)
 {
 	const long long end = s->o.seconds > 0 ? now_ms() + s->o.seconds * 1000 : 0;
-	for (long i = 0; s->o.rounds == 0 || i < s->o.rounds; i++) {
+	for (long done = 0; s->o.rounds == 0 || done < s->o.rounds; done++) {
 		if (end != 0 && now_ms() >= end)
 			break;
+		const long i = s->round_base + done;
 		const size_t n = round_size(s, i);
 		struct ibv_wc wc;
 		put_header(s->send_src, kData, (uint32_t)i, (uint32_t)n);
@@ -430,10 +444,10 @@ static void client_rounds(struct side *s)
 
 static void server_rounds(struct side *s)
 {
-	long expected_round = 0;
-	long replies_done = 0;
+	long expected_round = s->round_base;
+	long replies_done = s->round_base;
 	for (;;) {
-		if (s->o.rounds != 0 && s->rounds == s->o.rounds)
+		if (s->o.rounds != 0 && s->rounds == s->round_base + s->o.rounds)
 			return; /* the client disconnects next */
 		struct ibv_wc wc;
 		if (!wait_completion(s, &wc))
@@ -597,17 +611,25 @@ static struct addrinfo *resolve(struct side *s)
 	return res;
 }
 
-static void run_server(struct side *s)
+static void listen_server(struct side *s)
 {
 	struct addrinfo *res = resolve(s);
 	CHECK(rdma_create_id(s->ec, &s->listen_id, NULL, RDMA_PS_TCP) == 0);
 	if (rdma_bind_addr(s->listen_id, res->ai_addr) != 0)
 		fail(s, "rdma_bind_addr %s: %s", s->o.addr, strerror(errno));
 	freeaddrinfo(res);
-	CHECK(rdma_listen(s->listen_id, 4) == 0);
+	/* Room for a burst of connection attempts (the connections test). */
+	CHECK(rdma_listen(s->listen_id, 1024) == 0);
 	printf("twohost_traffic: server: listening\n");
 	fflush(stdout);
-	struct rdma_cm_event *ev = wait_cm_event(s, RDMA_CM_EVENT_CONNECT_REQUEST, 120000);
+}
+
+static void serve_one(struct side *s)
+{
+	struct rdma_cm_event *ev = s->pending_request;
+	s->pending_request = NULL;
+	if (ev == NULL)
+		ev = wait_cm_event(s, RDMA_CM_EVENT_CONNECT_REQUEST, 120000);
 	s->id = ev->id;
 	rdma_ack_cm_event(ev);
 	setup_qp(s, s->id);
@@ -622,13 +644,12 @@ static void run_server(struct side *s)
 		fail(s, "rdma_accept: %s", strerror(errno));
 	ev = wait_cm_event(s, RDMA_CM_EVENT_ESTABLISHED, 30000);
 	rdma_ack_cm_event(ev);
-	make_nonblocking(s->ec->fd);
 	make_nonblocking(s->id->verbs->async_fd);
 	s->last_progress_ms = now_ms();
 	server_rounds(s);
 }
 
-static void run_client(struct side *s)
+static void connect_one(struct side *s)
 {
 	struct addrinfo *res = resolve(s);
 	CHECK(rdma_create_id(s->ec, &s->id, NULL, RDMA_PS_TCP) == 0);
@@ -649,12 +670,100 @@ static void run_client(struct side *s)
 	rdma_ack_cm_event(ev);
 	if (s->peer.max_size < s->o.max_size)
 		fail(s, "the server's areas hold %u octets, want %zu", s->peer.max_size, s->o.max_size);
-	make_nonblocking(s->ec->fd);
 	make_nonblocking(s->id->verbs->async_fd);
-	printf("twohost_traffic: client: connected\n");
+	if (s->o.connections <= 1)
+		printf("twohost_traffic: client: connected\n");
 	fflush(stdout);
 	s->last_progress_ms = now_ms();
 	client_rounds(s);
+}
+
+/* After the rounds of one connection: the fault checks, the wind-down,
+ * and the connection's resources released. */
+static void end_connection(struct side *s)
+{
+	if (s->fault == NULL) {
+		if (s->o.fault && (s->o.rounds == 0 || s->rounds < s->round_base + s->o.rounds))
+			fail(s, "no fault seen in %ld rounds", s->rounds);
+		/* A clean end: the client disconnects, the server sees it. */
+		s->finished = 1;
+		if (!s->o.server) {
+			s->disconnect_called = 1;
+			rdma_disconnect(s->id);
+		}
+	}
+	wind_down(s);
+	s->flush_ms = s->fault != NULL ? s->flushed_at_ms - s->fault_at_ms : 0;
+	s->disconnected_ms = s->fault != NULL ? s->disconnected_at_ms - s->fault_at_ms : 0;
+	if (s->fault != NULL) {
+		const long long limit = s->o.bound_ms + s->o.slack_ms;
+		if (s->flush_ms > limit || s->disconnected_ms > limit)
+			fail(s, "teardown took %lld ms to flush and %lld ms to DISCONNECTED, bound %ld ms + %ld ms slack",
+			     s->flush_ms, s->disconnected_ms, s->o.bound_ms, s->o.slack_ms);
+	}
+	if (s->o.server && s->o.rounds != 0 && s->fault == NULL && s->rounds != s->round_base + s->o.rounds)
+		fail(s, "%ld rounds, want %ld", s->rounds - s->round_base, s->o.rounds);
+	if (s->fault != NULL && s->o.connections > 1)
+		fail(s, "a fault (%s) in connection %ld of %ld", s->fault, s->round_base / s->o.rounds + 1,
+		     s->o.connections);
+	rdma_destroy_qp(s->id);
+	ibv_dereg_mr(s->mr);
+	free(s->mem);
+	ibv_destroy_cq(s->cq);
+	ibv_dealloc_pd(s->pd);
+	rdma_destroy_id(s->id);
+	s->id = NULL;
+	s->outstanding_sends = s->outstanding_recvs = 0;
+	s->disconnected = 0;
+	s->disconnect_called = 0;
+	s->finished = 0;
+	s->flushed_at_ms = 0;
+}
+
+/* What a process holds that a connection must give back. */
+struct usage_sample {
+	long fds;
+	long threads;
+	long long heap_in_use;
+};
+
+static struct usage_sample sample_usage(void)
+{
+	struct usage_sample u = {0};
+	DIR *dir = opendir("/proc/self/fd");
+	if (dir != NULL) {
+		for (struct dirent *e; (e = readdir(dir)) != NULL;)
+			if (e->d_name[0] != '.')
+				u.fds++;
+		closedir(dir);
+	}
+	FILE *f = fopen("/proc/self/status", "r");
+	char line[256];
+	while (f != NULL && fgets(line, sizeof(line), f) != NULL)
+		if (strncmp(line, "Threads:", 8) == 0)
+			u.threads = atol(line + 8);
+	if (f != NULL)
+		fclose(f);
+	u.heap_in_use = (long long)mallinfo2().uordblks;
+	return u;
+}
+
+/* After the last connection and --settle-ms for the connection manager to
+ * drop the silent and garbage ones: back to the baseline (heap within
+ * 1 MiB: allocator caches). */
+static void check_usage(struct side *s, const struct usage_sample *baseline)
+{
+	struct timespec pause = {s->o.settle_ms / 1000, (s->o.settle_ms % 1000) * 1000000};
+	nanosleep(&pause, NULL);
+	check_events(s);
+	const struct usage_sample now = sample_usage();
+	printf("twohost_traffic: usage after the first connection: %ld fds, %ld threads, %lld heap octets; "
+	       "at the end: %ld fds, %ld threads, %lld heap octets\n",
+	       baseline->fds, baseline->threads, baseline->heap_in_use, now.fds, now.threads, now.heap_in_use);
+	fflush(stdout);
+	if (now.fds != baseline->fds || now.threads != baseline->threads ||
+	    now.heap_in_use > baseline->heap_in_use + (1 << 20))
+		fail(s, "resources not back to the baseline");
 }
 
 static void usage(void)
@@ -662,7 +771,7 @@ static void usage(void)
 	fprintf(stderr,
 		"usage: twohost_traffic --server|--client ADDR PORT [--rounds N] [--max-size OCTETS]\n"
 		"  [--seconds S] [--fault] [--stall-ms MS] [--bound-ms MS] [--slack-ms MS]\n"
-		"  [--tolerate-corruption] [--pid-file PATH]\n");
+		"  [--tolerate-corruption] [--connections N [--settle-ms MS]] [--pid-file PATH]\n");
 	exit(2);
 }
 
@@ -706,6 +815,10 @@ int main(int argc, char **argv)
 			s.o.bound_ms = atol(v);
 		else if (strcmp(opt, "--slack-ms") == 0)
 			s.o.slack_ms = atol(v);
+		else if (strcmp(opt, "--connections") == 0)
+			s.o.connections = atol(v);
+		else if (strcmp(opt, "--settle-ms") == 0)
+			s.o.settle_ms = atol(v);
 		else if (strcmp(opt, "--pid-file") == 0)
 			s.o.pid_file = v;
 		else
@@ -722,43 +835,37 @@ int main(int argc, char **argv)
 	s.ec = rdma_create_event_channel();
 	if (s.ec == NULL)
 		fail(&s, "rdma_create_event_channel: %s (run under siwx-run)", strerror(errno));
+	make_nonblocking(s.ec->fd);
+	if (s.o.connections < 1)
+		s.o.connections = 1;
+	if (s.o.connections > 1 && s.o.rounds == 0)
+		usage();
 	if (s.o.server)
-		run_server(&s);
-	else
-		run_client(&s);
-
-	if (s.fault == NULL) {
-		if (s.o.fault && (s.o.rounds == 0 || s.rounds < s.o.rounds))
-			fail(&s, "no fault seen in %ld rounds", s.rounds);
-		/* A clean end: the client disconnects, the server sees it. */
-		s.finished = 1;
-		if (!s.o.server) {
-			s.disconnect_called = 1;
-			rdma_disconnect(s.id);
+		listen_server(&s);
+	struct usage_sample baseline = {0};
+	for (long c = 0; c < s.o.connections; c++) {
+		s.round_base = c * s.o.rounds;
+		if (s.o.server)
+			serve_one(&s);
+		else
+			connect_one(&s);
+		end_connection(&s);
+		/* The first connection opened the device (its progress thread,
+		 * the provider's tables): what stays after it is the baseline. */
+		if (c == 0 && s.o.connections > 1 && s.o.server) {
+			baseline = sample_usage();
+			printf("twohost_traffic: server: baseline taken\n");
+			fflush(stdout);
 		}
 	}
-	wind_down(&s);
-	const long long flush_ms = s.fault != NULL ? s.flushed_at_ms - s.fault_at_ms : 0;
-	const long long disc_ms = s.fault != NULL ? s.disconnected_at_ms - s.fault_at_ms : 0;
 	printf("twohost_traffic: result side=%s rounds=%ld transfers=%ld verified_octets=%llu corrupt_octets=%llu "
-	       "fault=%s fault_at_ms=%lld flushed=%ld flush_ms=%lld disconnected_ms=%lld disconnected_at_ms=%lld\n",
+	       "fault=%s fault_at_ms=%lld flushed=%ld flush_ms=%lld disconnected_ms=%lld disconnected_at_ms=%lld "
+	       "connections=%ld\n",
 	       side_name(&s), s.rounds, s.transfers, s.verified, s.corrupt, s.fault != NULL ? s.fault : "none",
-	       s.fault_at_ms, s.flushed, flush_ms, disc_ms, s.disconnected_at_ms);
+	       s.fault_at_ms, s.flushed, s.flush_ms, s.disconnected_ms, s.disconnected_at_ms, s.o.connections);
 	fflush(stdout);
-	if (s.fault != NULL) {
-		const long long limit = s.o.bound_ms + s.o.slack_ms;
-		if (flush_ms > limit || disc_ms > limit)
-			fail(&s, "teardown took %lld ms to flush and %lld ms to DISCONNECTED, bound %ld ms + %ld ms slack",
-			     flush_ms, disc_ms, s.o.bound_ms, s.o.slack_ms);
-	}
-	if (s.o.server && s.o.rounds != 0 && s.fault == NULL && s.rounds != s.o.rounds)
-		fail(&s, "%ld rounds, want %ld", s.rounds, s.o.rounds);
-	rdma_destroy_qp(s.id);
-	ibv_dereg_mr(s.mr);
-	free(s.mem);
-	ibv_destroy_cq(s.cq);
-	ibv_dealloc_pd(s.pd);
-	rdma_destroy_id(s.id);
+	if (s.o.server && s.o.connections > 1)
+		check_usage(&s, &baseline);
 	if (s.listen_id != NULL)
 		rdma_destroy_id(s.listen_id);
 	rdma_destroy_event_channel(s.ec);
