@@ -1,6 +1,6 @@
-// impair: a userspace network impairment for the two-host tests. The
-// kernel here has no sch_netem, but the iptables NFQUEUE target works:
-// iptables hands every TCP packet of the veth link to this program, which
+// impair: a userspace network impairment for the two-host tests. Kernels
+// without sch_netem (the CI machine's) still have the iptables NFQUEUE
+// target: iptables hands every TCP packet of the veth link to this program, which
 // gives each one its verdict — drop it, hold it and release it later,
 // release it twice, or change it — and prints what it did when it ends.
 //

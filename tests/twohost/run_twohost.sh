@@ -79,11 +79,9 @@ done
 ip netns add "$ns_a" 2>/dev/null || skip "cannot create a network namespace"
 ip netns add "$ns_b" || exit 1
 ip link add veth0 netns "$ns_a" type veth peer name veth0 netns "$ns_b" || exit 1
-for side in a b; do
-	ns_var="ns_$side"
-	addr_var="addr_$side"
-	ns=${!ns_var}
-	ip -n "$ns" addr add "${!addr_var}/24" dev veth0 || exit 1
+for ns_addr in "$ns_a=$addr_a" "$ns_b=$addr_b"; do
+	ns=${ns_addr%%=*}
+	ip -n "$ns" addr add "${ns_addr#*=}/24" dev veth0 || exit 1
 	ip -n "$ns" link set veth0 mtu 1500 up || exit 1
 	ip -n "$ns" link set lo up || exit 1
 done
@@ -93,7 +91,7 @@ link_up() {
 	ip -n "$ns_a" -o link show veth0 | grep -q 'state UP' &&
 		ip -n "$ns_b" -o link show veth0 | grep -q 'state UP'
 }
-for i in $(seq 100); do
+for _ in $(seq 100); do
 	link_up && break
 	sleep 0.05
 done
@@ -114,8 +112,8 @@ in_b() { ip netns exec "$ns_b" "$@"; }
 
 # Waits up to $3 s for a line matching regex $2 in file $1.
 wait_for_line() {
-	local i
-	for i in $(seq $(($3 * 20))); do
+	local _
+	for _ in $(seq $(($3 * 20))); do
 		grep -Eq "$2" "$1" 2>/dev/null && return 0
 		sleep 0.05
 	done
@@ -126,8 +124,8 @@ now_ms() { date +%s%3N; }
 
 # Waits up to 20 s for a TCP listener on the port in host a.
 wait_listening() {
-	local i
-	for i in $(seq 400); do
+	local _
+	for _ in $(seq 400); do
 		[ -n "$(in_a ss -Hltn "sport = :$port")" ] && return 0
 		sleep 0.05
 	done
