@@ -28,6 +28,11 @@
  * --tolerate-corruption counts octets that differ from the pattern instead
  * of failing (the CRC-off bit-flip run, which documents what happens).
  *
+ * --connections N runs N connections one after the other, --rounds each.
+ * The server then checks that its open fds, threads and heap in use are
+ * not above what it had after the first connection (which opened the
+ * device), --settle-ms after the last one.
+ *
  * Output: "twohost_traffic: progress rounds=N" lines, and one result line:
  *   twohost_traffic: result side=... rounds=... transfers=... verified_octets=...
  *   corrupt_octets=... fault=<reason|none> fault_at_ms=... flushed=...
@@ -111,7 +116,6 @@ struct side {
 	long long flushed_at_ms;
 	long long disconnected_at_ms;
 	int disconnected;
-	int disconnect_called;
 	int finished; /* every round done: what follows is the orderly end */
 	long long flush_ms;
 	long long disconnected_ms;
@@ -342,7 +346,6 @@ static int wait_completion(struct side *s, struct ibv_wc *wc)
 			if (!s->o.fault)
 				fail(s, "no completion for %ld ms", stall);
 			set_fault(s, "stall");
-			s->disconnect_called = 1;
 			rdma_disconnect(s->id);
 			return 0;
 		}
@@ -688,7 +691,6 @@ static void end_connection(struct side *s)
 		/* A clean end: the client disconnects, the server sees it. */
 		s->finished = 1;
 		if (!s->o.server) {
-			s->disconnect_called = 1;
 			rdma_disconnect(s->id);
 		}
 	}
@@ -715,7 +717,6 @@ static void end_connection(struct side *s)
 	s->id = NULL;
 	s->outstanding_sends = s->outstanding_recvs = 0;
 	s->disconnected = 0;
-	s->disconnect_called = 0;
 	s->finished = 0;
 	s->flushed_at_ms = 0;
 }
