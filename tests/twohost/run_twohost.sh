@@ -381,8 +381,8 @@ partition_heal)
 	start_server 140 -- --rounds 60 --max-size 65536 --stall-ms 100000
 	start_client 140 -- --rounds 60 --max-size 65536 --stall-ms 100000
 	expect_clean_run 60
-	counters=$(stop_impair)
-	echo "$counters"
+	stop_impair # (not in $(...): a subshell cannot wait for impair)
+	counters=$(grep '^impair: counters' "$work/impair.log")
 	case $counters in *" partition_dropped=0 "*) fail "the partition dropped nothing" ;; esac
 	echo "partition: $(impair_event_ms partition_start) to $(impair_event_ms partition_end) ms" \
 		"($(($(impair_event_ms partition_end) - $(impair_event_ms partition_start))) ms without a packet through)"
@@ -395,8 +395,8 @@ bitflip_crc)
 	start_impair 60 --flip 5 --flip-count 1 --flip-skip 4096
 	start_fault_traffic 40 SIWX_MPA_CRC=require
 	expect_both_survive flip
-	counters=$(stop_impair)
-	echo "$counters"
+	stop_impair # (not in $(...): a subshell cannot wait for impair)
+	counters=$(grep '^impair: counters' "$work/impair.log")
 	case $counters in *" flipped=1 "*) ;; *) fail "impair flipped no bit" ;; esac
 	crc_code='Terminate %s the peer: .* [(]layer 2, type 0, code 0x02[)]'
 	# shellcheck disable=SC2059
