@@ -16,6 +16,8 @@ packages=(
   libfabric-bin
   # the rdma-core Python binding, for the pyverbs smoke test
   python3-pyverbs
+  # the two-host tests: NFQUEUE rules and the userspace impairment on them
+  iptables libnetfilter-queue-dev
 )
 
 missing=()

@@ -61,6 +61,7 @@
 #include <new>
 #include <optional>
 
+#include "common/wire/terminate.h"
 #include "providers/siwx/log.h"
 #include "providers/siwx/provider.h"
 
@@ -367,16 +368,31 @@ std::optional<siwx_stream_notify> TakeNotify(QpShared& shared) {
   return shared.notify;
 }
 
+// One warn-level line per Terminate, with the RFC names of its cause: what
+// an operator (and the two-host tests) need to tell a CRC error from an
+// access error when a connection dies.
+void LogTerminate(std::uint32_t qp_num, const char* direction, const rdmap::TerminateCause& cause) {
+  SIWX_LOG(kWarn, "QP %u: Terminate %s: %.*s / %.*s / %.*s (layer %u, type %u, code 0x%02x)", qp_num,
+           direction, static_cast<int>(rdmap::TerminateLayerName(cause.layer).size()),
+           rdmap::TerminateLayerName(cause.layer).data(),
+           static_cast<int>(rdmap::TerminateErrorTypeName(cause.layer, cause.etype).size()),
+           rdmap::TerminateErrorTypeName(cause.layer, cause.etype).data(),
+           static_cast<int>(rdmap::TerminateErrorCodeName(cause).size()),
+           rdmap::TerminateErrorCodeName(cause).data(), cause.layer, cause.etype, cause.ecode);
+}
+
 // How a stream ended, for the CM: an error if a Terminate went either way
 // or the connection failed, an orderly close otherwise (FIN, or a local
 // disconnect). Returns the siwx_stream_event and sets *error.
 int StreamEndOf(const engine::Qp& qp, int* error) {
   const engine::QpAttributes a = qp.Query();
   if (a.terminate_received) {
+    LogTerminate(qp.qp_num(), "received from the peer", a.terminate_received->cause);
     *error = ECONNABORTED;
     return SIWX_STREAM_EVENT_ERROR;
   }
   if (a.terminate_sent) {
+    LogTerminate(qp.qp_num(), "sent to the peer", a.terminate_sent->cause);
     *error = EPROTO;
     return SIWX_STREAM_EVENT_ERROR;
   }

@@ -106,7 +106,11 @@ TEST(CqRemoveQp, DestroyedQpLeavesOnlyTheOtherQpsCompletions) {
   }
 
   constexpr std::size_t kSize = 64;
-  Buffer a_mem(6 * kSize);
+  // Slots 0-5 take the receives; a's two Sends read slot 6, which no receive
+  // covers: a Send may still be reading its source while the peer's Send is
+  // placed into a receive, so the two must never share octets.
+  constexpr std::size_t kSendSlot = 6;
+  Buffer a_mem(7 * kSize);
   const std::uint32_t a_key = a_mem.Register(a.memory(), a.pd, AccessFlags::kLocalWrite);
   Buffer x_mem(2 * kSize);
   const std::uint32_t x_key = x_mem.Register(peer_x.memory(), peer_x.pd, AccessFlags::kLocalWrite);
@@ -138,10 +142,10 @@ TEST(CqRemoveQp, DestroyedQpLeavesOnlyTheOtherQpsCompletions) {
   peer_sends(peer_x, x_mem, x_key);
   peer_sends(peer_y, y_mem, y_key);
   SendWorkRequest to_x = MakeSend(110, SendOpcode::kSend);
-  AddSge(to_x, a_mem.addr(), kSize, a_key);
+  AddSge(to_x, a_mem.addr() + kSendSlot * kSize, kSize, a_key);
   ASSERT_EQ(x->PostSend(to_x), PostStatus::kOk);
   SendWorkRequest to_y = MakeSend(210, SendOpcode::kSend);
-  AddSge(to_y, a_mem.addr(), kSize, a_key);
+  AddSge(to_y, a_mem.addr() + kSendSlot * kSize, kSize, a_key);
   ASSERT_EQ(y->PostSend(to_y), PostStatus::kOk);
   ASSERT_TRUE(WaitUntil([&] { return a.recv_cq->size() == 4 && a.send_cq->size() == 2; }))
       << "recv " << a.recv_cq->size() << " send " << a.send_cq->size();

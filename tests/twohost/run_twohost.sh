@@ -1,0 +1,462 @@
+#!/usr/bin/env bash
+# Runs one two-host scenario: two network namespaces ("hosts" a and b)
+# joined by a veth pair named veth0 on both sides (so each host has the
+# device siwx_veth0), MTU 1500, addresses from TEST-NET-1 (RFC 5737) that
+# exist only inside the namespaces. Host a runs the server and, when the
+# scenario impairs the link, tests/tools/impair on an NFQUEUE that iptables
+# fills with every TCP packet a sends or receives on veth0. Host b runs the
+# client.
+#
+# Usage: run_twohost.sh <siwx-run> <twohost_traffic> <impair> <scenario>
+# Scenarios: see the case statement at the end (and README.md here).
+# Exit status: 0 pass, 1 fail, 77 skipped (no root, no `ip netns`, no
+# NFQUEUE). The namespaces get names unique to this run and are removed on
+# every exit; ones left by a run that was killed outright are removed by
+# the next run.
+set -u
+run=$1
+traffic=$2
+impair=$3
+scenario=$4
+
+addr_a=192.0.2.1
+addr_b=192.0.2.2
+port=7471 # private to the namespaces
+# The teardown bound siwx promises (README: after an error or a disconnect,
+# every WR flushed and DISCONNECTED within 10 s) and the slack allowed on a
+# loaded 2-core machine.
+bound_ms=10000
+slack_ms=2000
+# The impairment of the "impaired" scenarios.
+impairment=(--loss 5 --delay 20 --reorder 5 --reorder-ms 10 --duplicate 2)
+
+skip() {
+	echo "SKIP: $*"
+	exit 77
+}
+
+[ "$(id -u)" = 0 ] || skip "needs root (network namespaces, iptables)"
+command -v ip >/dev/null || skip "no ip (iproute2)"
+command -v iptables >/dev/null || skip "no iptables"
+
+tag="siwxth-$$-$RANDOM"
+ns_a="$tag-a"
+ns_b="$tag-b"
+work=$(mktemp -d)
+impair_pid=""
+
+# Kills what runs inside one of our namespaces and removes it.
+remove_ns() {
+	local ns=$1 pids
+	pids=$(ip netns pids "$ns" 2>/dev/null)
+	if [ -n "$pids" ]; then
+		# shellcheck disable=SC2086
+		kill -KILL $pids 2>/dev/null
+	fi
+	ip netns del "$ns" 2>/dev/null
+}
+
+cleanup() {
+	trap '' INT TERM HUP # a second signal must not leave a namespace behind
+	remove_ns "$ns_a"
+	remove_ns "$ns_b"
+	if [ -n "${keep_logs:-}" ]; then
+		echo "logs kept in $work"
+	else
+		rm -rf "$work"
+	fi
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM HUP
+
+# Namespaces of earlier runs whose script is gone (killed by a timeout).
+for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep '^siwxth-'); do
+	owner=${ns#siwxth-}
+	owner=${owner%%-*}
+	kill -0 "$owner" 2>/dev/null || remove_ns "$ns"
+done
+
+ip netns add "$ns_a" 2>/dev/null || skip "cannot create a network namespace"
+ip netns add "$ns_b" || exit 1
+ip link add veth0 netns "$ns_a" type veth peer name veth0 netns "$ns_b" || exit 1
+for ns_addr in "$ns_a=$addr_a" "$ns_b=$addr_b"; do
+	ns=${ns_addr%%=*}
+	ip -n "$ns" addr add "${ns_addr#*=}/24" dev veth0 || exit 1
+	ip -n "$ns" link set veth0 mtu 1500 up || exit 1
+	ip -n "$ns" link set lo up || exit 1
+done
+# The link reports UP only once the kernel's link watcher has run (up to a
+# second later); perftest refuses a port that is not ACTIVE yet.
+link_up() {
+	ip -n "$ns_a" -o link show veth0 | grep -q 'state UP' &&
+		ip -n "$ns_b" -o link show veth0 | grep -q 'state UP'
+}
+for _ in $(seq 100); do
+	link_up && break
+	sleep 0.05
+done
+link_up || { echo "FAIL: veth0 did not come up" >&2; exit 1; }
+
+fail() {
+	echo "FAIL: $*" >&2
+	for f in "$work"/*.log; do
+		[ -e "$f" ] || continue
+		echo "--- $(basename "$f"):" >&2
+		tail -n 40 "$f" >&2
+	done
+	exit 1
+}
+
+in_a() { ip netns exec "$ns_a" "$@"; }
+in_b() { ip netns exec "$ns_b" "$@"; }
+
+# Waits up to $3 s for a line matching regex $2 in file $1.
+wait_for_line() {
+	local _
+	for _ in $(seq $(($3 * 20))); do
+		grep -Eq "$2" "$1" 2>/dev/null && return 0
+		sleep 0.05
+	done
+	return 1
+}
+
+now_ms() { date +%s%3N; }
+
+# Waits up to 20 s for a TCP listener on the port in host a.
+wait_listening() {
+	local _
+	for _ in $(seq 400); do
+		[ -n "$(in_a ss -Hltn "sport = :$port")" ] && return 0
+		sleep 0.05
+	done
+	fail "nothing listens on port $port in host a"
+}
+
+# Starts impair in host a with the given options, for at most $1 seconds.
+start_impair() {
+	local seconds=$1
+	shift
+	in_a iptables -A OUTPUT -o veth0 -p tcp -m mark ! --mark 0x5157 \
+		-j NFQUEUE --queue-num 0 --queue-bypass || skip "no NFQUEUE target"
+	in_a iptables -A INPUT -i veth0 -p tcp -j NFQUEUE --queue-num 0 --queue-bypass || exit 1
+	ip netns exec "$ns_a" "$impair" --queue 0 --seconds "$seconds" --mark 0x5157 "$@" >"$work/impair.log" 2>&1 &
+	impair_pid=$!
+	wait_for_line "$work/impair.log" '^impair: ready' 10 || fail "impair did not start"
+}
+
+# Stops impair (it releases what it holds) and prints its counters.
+stop_impair() {
+	[ -n "$impair_pid" ] || return 0
+	kill -TERM "$impair_pid" 2>/dev/null
+	wait "$impair_pid"
+	impair_pid=""
+	grep '^impair: counters' "$work/impair.log" || fail "impair printed no counters"
+}
+
+# start_server <timeout s> [env VAR=value...] -- <twohost_traffic options>
+start_server() {
+	local t=$1
+	shift
+	local envs=()
+	while [ "$1" != "--" ]; do
+		envs+=("$1")
+		shift
+	done
+	shift
+	ip netns exec "$ns_a" env "${envs[@]}" timeout -k 5 "$t" "$run" -- "$traffic" --server "$addr_a" "$port" \
+		--pid-file "$work/server.pid" "$@" >"$work/server.log" 2>&1 &
+	server_pid=$!
+	wait_for_line "$work/server.log" 'server: listening' 20 || fail "server did not listen"
+}
+
+start_client() {
+	local t=$1
+	shift
+	local envs=()
+	while [ "$1" != "--" ]; do
+		envs+=("$1")
+		shift
+	done
+	shift
+	ip netns exec "$ns_b" env "${envs[@]}" timeout -k 5 "$t" "$run" -- "$traffic" --client "$addr_a" "$port" \
+		--pid-file "$work/client.pid" "$@" >"$work/client.log" 2>&1 &
+	client_pid=$!
+}
+
+# The value of key $2 on the result line of log $1.
+result() {
+	grep '^twohost_traffic: result' "$1" | tr ' ' '\n' | sed -n "s/^$2=//p"
+}
+
+# Both traffic programs must exit 0 and agree on the rounds.
+expect_clean_run() {
+	wait "$client_pid"
+	local c=$?
+	wait "$server_pid"
+	local s=$?
+	[ "$c" -eq 0 ] || fail "client exited with $c"
+	[ "$s" -eq 0 ] || fail "server exited with $s"
+	local rounds_c rounds_s
+	rounds_c=$(result "$work/client.log" rounds)
+	rounds_s=$(result "$work/server.log" rounds)
+	[ "$rounds_c" = "$1" ] && [ "$rounds_s" = "$1" ] ||
+		fail "rounds: client $rounds_c server $rounds_s, want $1"
+	local octets=$(($(result "$work/client.log" verified_octets) + $(result "$work/server.log" verified_octets)))
+	local transfers=$(($(result "$work/client.log" transfers) + $(result "$work/server.log" transfers)))
+	echo "verified: $transfers transfers, $octets octets, every completion checked"
+}
+
+# Checks a survivor's log: it saw the fault, flushed and got DISCONNECTED
+# in the bound (twohost_traffic checks that and exits 1 otherwise), and
+# prints the time from the fault injected at $3 ms (0: none) to
+# DISCONNECTED.
+expect_survivor() {
+	local name=$1 status=$2 injected=$3 log="$work/$1.log"
+	[ "$status" -eq 0 ] || fail "$name exited with $status"
+	local fault disc_at detect
+	fault=$(result "$log" fault)
+	[ -n "$fault" ] && [ "$fault" != none ] || fail "$name saw no fault"
+	disc_at=$(result "$log" disconnected_at_ms)
+	detect=$(result "$log" fault_at_ms)
+	if [ "$injected" != 0 ]; then
+		echo "$name: fault '$fault' detected $((detect - injected)) ms after the injection;" \
+			"all WRs flushed ($(result "$log" flushed) with an error) and DISCONNECTED" \
+			"$((disc_at - injected)) ms after it"
+		[ $((disc_at - injected)) -le $((bound_ms + slack_ms)) ] ||
+			fail "$name: DISCONNECTED $((disc_at - injected)) ms after the injection, bound $bound_ms ms + $slack_ms ms"
+	else
+		echo "$name: fault '$fault'; flushed $(result "$log" flushed) WRs with an error;" \
+			"DISCONNECTED $(result "$log" disconnected_ms) ms after the fault"
+	fi
+	echo "$name: $(result "$log" transfers) transfers, $(result "$log" verified_octets) octets verified before the fault"
+}
+
+# kill_one <victim: server|client>: SIGKILL of one side mid-transfer.
+kill_one() {
+	local victim=$1 survivor
+	[ "$victim" = server ] && survivor=client || survivor=server
+	start_fault_traffic 40
+	wait_for_line "$work/client.log" 'progress rounds=40' 30 || fail "no traffic"
+	local pid
+	pid=$(cat "$work/$victim.pid")
+	local t0
+	t0=$(now_ms)
+	kill -KILL "$pid"
+	local status
+	if [ "$survivor" = server ]; then
+		wait "$server_pid"
+		status=$?
+		wait "$client_pid"
+	else
+		wait "$client_pid"
+		status=$?
+		wait "$server_pid"
+	fi
+	echo "SIGKILL of the $victim at $t0"
+	expect_survivor "$survivor" "$status" "$t0"
+}
+
+# The CLOCK_REALTIME ms of impair's first event $1 (flip, rst,
+# partition_start).
+impair_event_ms() {
+	grep -E "^impair: event $1 " "$work/impair.log" | head -1 | tr ' ' '\n' | sed -n 's/^at_ms=//p'
+}
+
+# Both sides survive a fault in the network. $1: the impair event that
+# injected it, the time base of the bound; with $2 = from_detection the
+# bound counts from each side's own detection instead (a partition, which
+# an application notices only when it gives up waiting).
+expect_both_survive() {
+	wait "$client_pid"
+	local c=$?
+	wait "$server_pid"
+	local s=$?
+	local injected
+	injected=$(impair_event_ms "$1")
+	[ -n "$injected" ] || fail "impair never injected '$1'"
+	if [ "${2:-}" = from_detection ]; then
+		for side in client server; do
+			local status=$c
+			[ $side = server ] && status=$s
+			expect_survivor $side "$status" 0
+			echo "$side: gave up $(($(result "$work/$side.log" fault_at_ms) - injected)) ms after the" \
+				"$1, DISCONNECTED $(($(result "$work/$side.log" disconnected_at_ms) - injected)) ms after it"
+		done
+	else
+		expect_survivor client "$c" "$injected"
+		expect_survivor server "$s" "$injected"
+	fi
+}
+
+# Fault-mode traffic on both sides: 1 MiB messages among the smaller ones,
+# until the fault (at most $1 s). Extra arguments: environment settings.
+start_fault_traffic() {
+	local seconds=$1
+	shift
+	start_server $((seconds + 30)) SIWX_LOG_LEVEL=warn "$@" -- --fault --rounds 0 --seconds "$seconds" \
+		--max-size 1048576 ${stall_ms:+--stall-ms $stall_ms}
+	start_client $((seconds + 30)) SIWX_LOG_LEVEL=warn "$@" -- --fault --rounds 0 --seconds "$seconds" \
+		--max-size 1048576 ${stall_ms:+--stall-ms $stall_ms}
+}
+
+case $scenario in
+clean)
+	# No impairment: the harness itself.
+	start_server 120 -- --rounds 300
+	start_client 120 -- --rounds 300
+	expect_clean_run 300
+	;;
+impaired_traffic)
+	start_impair 240 "${impairment[@]}"
+	start_server 200 -- --rounds 90 --max-size 65536
+	start_client 200 -- --rounds 90 --max-size 65536
+	expect_clean_run 90
+	stop_impair
+	;;
+impaired_rping)
+	count=40
+	start_impair 240 "${impairment[@]}"
+	ip netns exec "$ns_a" timeout -k 5 200 "$run" -- rping -s -a "$addr_a" -p "$port" -C "$count" -S 4096 >"$work/server.log" 2>&1 &
+	server_pid=$!
+	wait_listening
+	in_b timeout -k 5 200 "$run" -- rping -c -a "$addr_a" -p "$port" -C "$count" -S 4096 -v -V \
+		>"$work/client.log" 2>&1
+	c=$?
+	# A server whose client failed would wait for it until its timeout.
+	[ "$c" -eq 0 ] || kill -TERM "$server_pid" 2>/dev/null
+	wait "$server_pid"
+	s=$?
+	[ "$c" -eq 0 ] && [ "$s" -eq 0 ] || fail "rping exited with client $c server $s"
+	lines=$(grep -c '^ping data: rdma-ping-' "$work/client.log")
+	[ "$lines" = "$count" ] || fail "$lines verified pings, want $count"
+	echo "rping: $count pings of 4096 octets, verified by rping -V"
+	stop_impair
+	;;
+impaired_write_bw | impaired_read_bw)
+	tool=ib_${scenario#impaired_}
+	start_impair 240 "${impairment[@]}"
+	ip netns exec "$ns_a" timeout -k 5 200 "$run" -- "$tool" -R -d siwx_veth0 -p "$port" -n 40 -s 65536 \
+		>"$work/server.log" 2>&1 &
+	server_pid=$!
+	wait_listening
+	in_b timeout -k 5 200 "$run" -- "$tool" -R -d siwx_veth0 -p "$port" -n 40 -s 65536 "$addr_a" \
+		>"$work/client.log" 2>&1
+	c=$?
+	# A server whose client failed would wait for it until its timeout.
+	[ "$c" -eq 0 ] || kill -TERM "$server_pid" 2>/dev/null
+	wait "$server_pid"
+	s=$?
+	[ "$c" -eq 0 ] && [ "$s" -eq 0 ] || fail "$tool exited with client $c server $s"
+	row=$(awk '$1 == 65536 && $2 == 40' "$work/client.log")
+	[ -n "$row" ] || fail "no result row for 40 iterations of 65536 octets"
+	echo "$tool: $row"
+	stop_impair
+	;;
+kill_server | kill_client)
+	kill_one "${scenario#kill_}"
+	;;
+rst)
+	# The first packet with payload 3 s after impair started becomes an RST.
+	start_impair 60 --rst-after-ms 3000
+	start_fault_traffic 40
+	expect_both_survive rst
+	stop_impair
+	;;
+partition)
+	# From 3 s on, nothing passes for 30 s. Each side gives up after 3 s
+	# without a completion and calls rdma_disconnect: its FIN cannot reach
+	# the peer, so only the teardown bound ends the connection.
+	start_impair 60 --partition-after-ms 3000 --partition-ms 30000
+	stall_ms=3000
+	start_fault_traffic 40
+	expect_both_survive partition_start from_detection
+	stop_impair
+	;;
+partition_heal)
+	# The same 30 s partition, 20 ms delay on the link, and applications
+	# that wait it out: TCP retransmits once the link is back (its backoff
+	# puts the first retry about 50 s after the partition began) and every
+	# round completes, nothing lost, nothing wrong.
+	start_impair 150 --delay 20 --partition-after-ms 3000 --partition-ms 30000
+	start_server 140 -- --rounds 60 --max-size 65536 --stall-ms 100000
+	start_client 140 -- --rounds 60 --max-size 65536 --stall-ms 100000
+	expect_clean_run 60
+	stop_impair # (not in $(...): a subshell cannot wait for impair)
+	counters=$(grep '^impair: counters' "$work/impair.log")
+	case $counters in *" partition_dropped=0 "*) fail "the partition dropped nothing" ;; esac
+	echo "partition: $(impair_event_ms partition_start) to $(impair_event_ms partition_end) ms" \
+		"($(($(impair_event_ms partition_end) - $(impair_event_ms partition_start))) ms without a packet through)"
+	;;
+bitflip_crc)
+	# One bit of TCP payload flipped past the startup frames, the TCP
+	# checksum fixed: with CRC on, the receiver must find it (RFC 5044 8:
+	# the FPDU is not placed, a Terminate with the MPA CRC error code goes
+	# to the peer, the stream closes).
+	start_impair 60 --flip 5 --flip-count 1 --flip-skip 4096
+	start_fault_traffic 40 SIWX_MPA_CRC=require
+	expect_both_survive flip
+	stop_impair # (not in $(...): a subshell cannot wait for impair)
+	counters=$(grep '^impair: counters' "$work/impair.log")
+	case $counters in *" flipped=1 "*) ;; *) fail "impair flipped no bit" ;; esac
+	crc_code='Terminate %s the peer: .* [(]layer 2, type 0, code 0x02[)]'
+	# shellcheck disable=SC2059
+	sent=$(grep -l "$(printf "$crc_code" 'sent to')" "$work/server.log" "$work/client.log")
+	# shellcheck disable=SC2059
+	received=$(grep -l "$(printf "$crc_code" 'received from')" "$work/server.log" "$work/client.log")
+	[ -n "$sent" ] || fail "no side sent a Terminate with the MPA CRC error code"
+	[ -n "$received" ] && [ "$received" != "$sent" ] ||
+		fail "the peer did not receive the MPA CRC Terminate"
+	grep -h 'Terminate' "$work/server.log" "$work/client.log"
+	;;
+bitflip_nocrc)
+	# The same flips without CRC (what siwx and kernel siw negotiate by
+	# default): documented in README.md here. The run must not crash or
+	# hang; what the flips did is counted and printed.
+	start_impair 90 --flip 5 --flip-count 3 --flip-skip 4096
+	start_server 90 SIWX_LOG_LEVEL=warn -- --fault --tolerate-corruption --rounds 150 --max-size 65536
+	start_client 90 SIWX_LOG_LEVEL=warn -- --fault --tolerate-corruption --rounds 150 --max-size 65536
+	wait "$client_pid"
+	c=$?
+	wait "$server_pid"
+	s=$?
+	[ "$c" -eq 0 ] && [ "$s" -eq 0 ] || fail "traffic exited with client $c server $s"
+	stop_impair
+	corrupt=$(($(result "$work/client.log" corrupt_octets) + $(result "$work/server.log" corrupt_octets)))
+	terminates=$(cat "$work/server.log" "$work/client.log" | grep -c 'Terminate')
+	echo "CRC off: 3 bit flips: $corrupt octets placed wrong without any error (the application's own check found them)," \
+		"$terminates Terminate log lines, faults: client $(result "$work/client.log" fault), server $(result "$work/server.log" fault)"
+	echo "checked: $(($(result "$work/client.log" transfers) + $(result "$work/server.log" transfers))) transfers," \
+		"$(($(result "$work/client.log" verified_octets) + $(result "$work/server.log" verified_octets))) octets right"
+	grep -h 'Terminate\|corruption' "$work/server.log" "$work/client.log"
+	[ "$corrupt" -gt 0 ] || [ "$terminates" -gt 0 ] || fail "three bit flips had no visible effect"
+	;;
+connections)
+	# 1000 connection attempts against one listener: 500 honest ones, one
+	# after the other, each moving and checking one round, while a burst
+	# of 500 hostile ones arrives (half send 64 octets that are not an MPA
+	# Request, half send nothing). The MPA startup timeout is 2 s here, so
+	# the silent ones are dropped within the test. Every honest connection
+	# must succeed, every hostile one must be closed by the server, and the
+	# server's fds, threads and heap must be back where they were after its
+	# first connection.
+	start_server 150 SIWX_MPA_TIMEOUT_MS=2000 -- --rounds 1 --connections 500 --max-size 65536 \
+		--settle-ms 4000
+	start_client 150 -- --rounds 1 --connections 500 --max-size 65536
+	# The burst starts once the server has its baseline (after the first
+	# honest connection, which opened the device).
+	wait_for_line "$work/server.log" 'baseline taken' 30 || fail "the first connection did not end"
+	ip netns exec "$ns_b" timeout -k 5 60 python3 "$(dirname "$0")/burst.py" "$addr_a" "$port" 500 20 \
+		>"$work/burst.log" 2>&1 &
+	burst_pid=$!
+	wait "$burst_pid" || fail "burst.py failed"
+	expect_clean_run 500
+	cat "$work/burst.log"
+	grep -q ' left_open=0$' "$work/burst.log" || fail "the server left hostile connections open"
+	grep '^twohost_traffic: usage' "$work/server.log"
+	;;
+*)
+	echo "unknown scenario '$scenario'" >&2
+	exit 2
+	;;
+esac
+exit 0
