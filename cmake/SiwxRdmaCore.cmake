@@ -23,7 +23,7 @@
 # (verbs_open_device()). Inside the range the one layout that moves is the
 # public struct ibv_qp_ex embedded in the private struct verbs_qp: it grew in
 # v44.0 (wr_atomic_write) and v45.0 (wr_flush).
-# Facts: /work/shared/research/rdma-core-abi.md sections 0, 1.7 and 2.2.
+# Facts: docs/provider-abi.md.
 
 set(SIWX_RDMA_CORE_MIN 37)
 set(SIWX_RDMA_CORE_MAX 56)
