@@ -1,23 +1,27 @@
 #!/usr/bin/env bash
 # Runs every siwx test: installs what is missing, then
-#  1. a g++ build with warnings as errors: all CTest labels except fuzz;
+#  1. a g++ build with warnings as errors: all CTest labels but fuzz and
+#     package;
 #  2. a clang ASan+UBSan build with the libFuzzer targets: every label but
 #     apps,
 #     fuzzing each target for SIWX_FUZZ_SECONDS (default 60);
-#  3. a clang TSan build: the unit and engine labels (the threaded code).
+#  3. a clang TSan build: the unit and engine labels (the threaded code);
+#  4. the package label: the .deb installed into a clean Debian 12 root
+#     (needs root and network; skipped with the reason printed without).
 # Build settings live in CMakePresets.json. Exits non-zero on the first failure.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
 
 scripts/install-deps.sh
+scripts/install-packaging-deps.sh
 
 jobs=$(nproc)
 
 echo "== build/release (g++, -Werror)"
 cmake --preset release >/dev/null
 ninja -C build/release -j"$jobs"
-(cd build/release && ctest -j"$jobs" --output-on-failure -LE fuzz)
+(cd build/release && ctest -j"$jobs" --output-on-failure -LE 'fuzz|package')
 
 echo "== build/tsan (clang, TSan): unit and engine"
 cmake --preset tsan >/dev/null
@@ -28,7 +32,7 @@ echo "== build/asan (clang, ASan+UBSan, libFuzzer)"
 cmake --preset asan >/dev/null
 ninja -C build/asan -j"$jobs"
 # The apps label (uninstrumented Debian tools) runs in the release build only.
-(cd build/asan && ctest -j"$jobs" --output-on-failure -LE 'fuzz|apps')
+(cd build/asan && ctest -j"$jobs" --output-on-failure -LE 'fuzz|apps|package')
 # Fuzzers one at a time, each for its bounded time; show libFuzzer's totals.
 fuzz_log=build/asan/fuzz.log
 if ! (cd build/asan && ctest -L fuzz -V) >"$fuzz_log" 2>&1; then
@@ -37,3 +41,6 @@ if ! (cd build/asan && ctest -L fuzz -V) >"$fuzz_log" 2>&1; then
   exit 1
 fi
 grep -E 'Test +#[0-9]+: fuzz|number_of_executed_units|tests passed|tests failed' "$fuzz_log"
+
+echo "== package: the .deb in a clean Debian 12 root (build/release/package-test)"
+(cd build/release && ctest -V -L package) | grep -Ev '^(UpdateCTestConfiguration|Parse|Add|Constructing|Checking|Test project|test [0-9]+$)'
