@@ -4,7 +4,9 @@
 # Builds the siwx packages from a copy of this tree (the tree itself stays
 # clean): the Debian binary package with dpkg-buildpackage, and with --rpm
 # the RPM with rpmbuild --nodeps (on Debian a check of the spec and its file
-# list; see the README). Needs scripts/install-packaging-deps.sh.
+# list; see the README). Each package is then checked with lintian or rpmlint
+# (with rpm/siwx.rpmlintrc): an error fails the script, warnings are shown.
+# Needs scripts/install-packaging-deps.sh.
 #
 # Usage: scripts/build-packages.sh [--rpm] [--no-deb] [--nocheck] [--out DIR]
 #   --out DIR   where the packages go (default build/packages); the copy
@@ -49,6 +51,11 @@ if [ "$deb" = 1 ]; then
   (cd "$src" && DEB_BUILD_OPTIONS="$opts" dpkg-buildpackage -us -uc -b)
   mv -f "$out"/src/*.deb "$out"/src/*.changes "$out"/src/*.buildinfo "$out"/
   ls "$out"/*.deb
+  echo "== lintian"
+  lintian --info --pedantic "$out"/siwx_"$version"_*.changes 2>&1 |
+    grep -v '^running with root privileges' || true
+  lintian --fail-on error -q "$out"/siwx_"$version"_*.changes >/dev/null 2>&1 ||
+    { echo "lintian reports errors (above)" >&2; exit 1; }
 fi
 
 if [ "$rpm" = 1 ]; then
@@ -62,4 +69,6 @@ if [ "$rpm" = 1 ]; then
       --define "_smp_mflags -j$jobs" "$top/rpm/siwx.spec"
   find "$out/rpmbuild/RPMS" -name '*.rpm' -exec mv -f {} "$out"/ \;
   ls "$out"/*.rpm
+  echo "== rpmlint"
+  rpmlint -r "$top/rpm/siwx.rpmlintrc" "$out"/siwx-"$version"-*.rpm "$top/rpm/siwx.spec"
 fi
