@@ -13,6 +13,7 @@ import argparse
 import pathlib
 import re
 import sys
+import textwrap
 
 TOP = pathlib.Path(__file__).resolve().parent.parent
 SOURCE = TOP / "docs" / "settings.txt"
@@ -78,7 +79,7 @@ def readme_table(settings):
 
 
 def roff(text):
-    """Markdown `code` to bold; escapes for groff."""
+    """Markdown `code` to bold, escaped for groff, as lines of at most 78."""
     out = []
     for i, part in enumerate(text.split("`")):
         part = part.replace("\\", "\\e")
@@ -86,18 +87,16 @@ def roff(text):
             out.append("\\fB" + part.replace("-", "\\-") + "\\fR")
         else:
             out.append(part)
-    line = "".join(out)
-    if line.startswith((".", "'")):
-        line = "\\&" + line
-    return line
+    lines = textwrap.wrap("".join(out), 78, break_long_words=False, break_on_hyphens=False)
+    return ["\\&" + line if line.startswith((".", "'")) else line for line in lines]
 
 
 def man_list(settings):
     lines = []
     for s in settings:
         lines += [".TP", f".B {s['name']}",
-                  roff(f"Values: {s['values']}. Default: {s['default']}."),
-                  ".br", roff(s["meaning"])]
+                  *roff(f"Values: {s['values']}. Default: {s['default']}."),
+                  ".br", *roff(s["meaning"])]
     return lines
 
 
