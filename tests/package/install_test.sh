@@ -16,8 +16,9 @@
 #   The base root is cached as a tarball in the work dir; delete it to
 #   refresh. SIWX_PACKAGE_DEB=<file> uses a .deb built earlier instead of
 #   building one; SIWX_DEBIAN_MIRROR overrides http://deb.debian.org/debian.
-# Exit status: 0 pass, 1 fail, 77 skipped (not root, no network to the
-# Debian mirror, packaging tools missing); the reason is printed.
+# Exit status: 0 pass, 1 fail, 77 skipped (not root, no mount namespace, no
+# network to the Debian mirror, packaging tools missing); the reason is
+# printed.
 set -euo pipefail
 src=$(cd "$1" && pwd)
 mkdir -p "$2"
@@ -42,6 +43,9 @@ for tool in mmdebstrap dpkg-buildpackage unshare chroot; do
 	command -v "$tool" >/dev/null ||
 		skip "$tool is missing; scripts/install-packaging-deps.sh installs what this test needs"
 done
+
+unshare --mount --propagation private true 2>/dev/null ||
+	skip "cannot make a private mount namespace here (a container without CAP_SYS_ADMIN?)"
 
 # The base root: a minimal Debian 12 with apt and the packages above.
 key=$(printf '%s %s %s' "$mirror" "$suite" "$packages" | md5sum | cut -c1-12)
