@@ -5,7 +5,7 @@
 //
 // Rows (each repeated --reps times, round-robin, so that every siwx figure
 // has TCP figures taken seconds before it; ratios are medians of those
-// per-round ratios, research/perf-anchors.md 2.0 and 3.3):
+// per-round ratios, docs/performance-notes.md 1):
 //  1. TCP stream, 64 KiB blocking writes, a sender and a receiver thread,
 //     TCP_NODELAY; (1b) the same with 1 MiB writes, for scale: loopback TCP
 //     is much faster with large writes, and one siwx sendmsg carries a batch
@@ -19,7 +19,7 @@
 //     signaled, and busy-polls the send CQ as ib_write_bw does (or, with
 //     --use-event, sleeps until the armed CQ fires).
 //  3. TCP ping-pong, 8 B, blocking sockets; (3b) the "same threading" variant
-//     of perf-anchors 2.7 (the application spins on memory, an agent thread
+//     of performance-notes.md 3 (the application spins on memory, an agent thread
 //     blocked in recv() writes to it: the fair comparison for 4); (3c) both
 //     ends busy-polling recv (the floor).
 //  4. siwx 8 B RDMA Write ping-pong as ib_write_lat does it: the application
@@ -34,7 +34,7 @@
 // sees an error reports FAIL instead of a figure and the program exits 1.
 //
 // "foreign" is the CPU other processes used during the measurement (cores),
-// from /proc/stat minus our own getrusage, as in perf-anchors 2.0. On this
+// from /proc/stat minus our own getrusage, as in performance-notes.md 1. On this
 // 2-vCPU host the figures move a lot with foreign load and with where the
 // scheduler puts the threads (sender and receiver on one vCPU halve a
 // stream), so read medians of several rounds, never one round.
@@ -886,7 +886,7 @@ LatResult RunTcpPingPong(const Options& o, TcpPingMode mode) {
   return LatFromTimestamps(run.Timestamps(), Warmup(o), CpuBetween(c0, c1));
 }
 
-// perf-anchors 2.7 "same threading": on each end the application thread
+// performance-notes.md 3 "same threading": on each end the application thread
 // sends directly and spins on memory; an agent thread blocked in recv()
 // stores what arrives into that memory (the engine's role).
 LatResult RunTcpSameThreading(const Options& o) {

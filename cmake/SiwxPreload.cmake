@@ -18,6 +18,16 @@
 # SIWX_PRELOAD_WORKS and SIWX_LIBRARY_LINK_CHECKS (linker options that refuse
 # undefined symbols, where the sanitizer allows them), and defines
 # siwx_preloadable(<target>).
+#
+# Also sets SIWX_PRIVATE_LIBDIR (relative to the prefix) and
+# SIWX_PRIVATE_FULL_LIBDIR: where the preloaded libraries are installed,
+# <libdir>/siwx. They are not for linking against and have no versioned
+# SONAME, so they stay out of the public libdir (as Debian's librspreload
+# does in <libdir>/rsocket).
+
+include(GNUInstallDirs)
+set(SIWX_PRIVATE_LIBDIR ${CMAKE_INSTALL_LIBDIR}/siwx)
+set(SIWX_PRIVATE_FULL_LIBDIR ${CMAKE_INSTALL_FULL_LIBDIR}/siwx)
 
 set(SIWX_SANITIZER_RUNTIME "")
 set(SIWX_PRELOAD_LINK_OPTIONS "")

@@ -8,6 +8,10 @@
 #   SIWX_PROVIDER_DIR       where libibverbs looks for providers
 #   SIWX_DRIVER_CONF_DIR    where libibverbs reads *.driver files
 #
+# It also writes the major version to <build>/rdma-core-major: packages
+# depend on the rdma-core range they were built for (debian/rules,
+# rpm/siwx.spec), as struct ibv_qp_ex differs between majors.
+#
 # and the imported target PkgConfig::IBVERBS. Safe to include from several
 # directories (each gets the variables).
 #
@@ -19,7 +23,7 @@
 # (verbs_open_device()). Inside the range the one layout that moves is the
 # public struct ibv_qp_ex embedded in the private struct verbs_qp: it grew in
 # v44.0 (wr_atomic_write) and v45.0 (wr_flush).
-# Facts: /work/shared/research/rdma-core-abi.md sections 0, 1.7 and 2.2.
+# Facts: docs/provider-abi.md.
 
 set(SIWX_RDMA_CORE_MIN 37)
 set(SIWX_RDMA_CORE_MAX 56)
@@ -112,6 +116,7 @@ set(SIWX_DRIVER_CONF_DIR "${CMAKE_INSTALL_FULL_SYSCONFDIR}/libibverbs.d" CACHE P
 get_property(siwx_reported GLOBAL PROPERTY SIWX_RDMA_CORE_REPORTED)
 if(NOT siwx_reported)
   set_property(GLOBAL PROPERTY SIWX_RDMA_CORE_REPORTED TRUE)
+  file(WRITE ${PROJECT_BINARY_DIR}/rdma-core-major "${siwx_detected_version}\n")
   message(STATUS "siwx: rdma-core v${siwx_detected_version}, provider ABI "
                  "${SIWX_PABI_VERSION}, ibv_qp_ex ${SIWX_IBV_QP_EX_SIZE} bytes")
 endif()

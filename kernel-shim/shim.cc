@@ -1,5 +1,5 @@
 // libsiwx-shim.so: the LD_PRELOAD library that stands in for the RDMA kernel
-// side of device attach (see ARCHITECTURE.md "Why a preload shim").
+// side of device attach (see docs/architecture.md "Why a preload shim").
 //
 // Stock libibverbs finds devices through sysfs and netlink and answers GID,
 // P_Key, GUID and completion-channel requests from the kernel. On a host

@@ -5,7 +5,7 @@
 //
 // Everything here is a thin, errno-preserving wrapper: 0 or a positive errno
 // value, never an exception, never SIGPIPE. It knows nothing of MPA or
-// rdma_cm. ARCHITECTURE.md keeps socket calls in common/transport/; these
+// rdma_cm. docs/architecture.md keeps socket calls in common/transport/; these
 // live in the CM room because the transport layer has no listening or
 // connecting sockets yet (the data path only ever sees a connected fd).
 // They can move there unchanged.

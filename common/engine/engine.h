@@ -3,7 +3,7 @@
 // progress thread.
 //
 // The progress thread blocks in epoll_wait on every bound QP's socket and on
-// a Doorbell (eventfd); it never busy-polls (research/perf-anchors.md 2.7:
+// a Doorbell (eventfd); it never busy-polls (docs/performance-notes.md 3:
 // spinning engine threads destroy latency on a 2-vCPU host). It does the
 // receive processing (so an RDMA Write target makes progress while its
 // application does nothing) unless an application thread that polls the

@@ -8,7 +8,7 @@
 // target range(s) of exactly the demanded octets and appends a small staging
 // tail sized for the next FPDU's trailer and header, so that in steady state
 // one recvmsg places one FPDU's payload and fetches the framing of the next
-// (research/perf-anchors.md 2.6). Framing octets, and payload that arrived
+// (docs/performance-notes.md 2). Framing octets, and payload that arrived
 // in the staging buffer together with them, go through the staging buffer.
 // Nothing is ever read into a target beyond what the parser demanded.
 //

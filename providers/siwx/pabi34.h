@@ -3,8 +3,8 @@
 //
 // rdma-core does not install libibverbs/driver.h, so an out-of-tree provider
 // has to declare the private structs itself. These are written from the
-// layout facts in /work/shared/research/rdma-core-abi.md (section 1.4, sizes
-// measured against v44 on x86-64; section 1.7 for what moves between tags)
+// layout facts in docs/provider-abi.md (sizes measured against v44 on
+// x86-64, and what moves between rdma-core tags)
 // and follow rdma-core's names so they can be checked against driver.h line
 // by line. Only what siwx uses is declared; everything else stays opaque.
 //

@@ -20,7 +20,7 @@ namespace siwx::cm::test {
 namespace {
 
 // What Linux siw (6.1) sends for rping: v2, IRD 1, ORD 1, no private data
-// (kernel-siw-wire-facts.md).
+// (docs/kernel-siw-interop.md).
 Bytes SiwRequest() {
   return Frame(RequestKey(), /*M0 C0 R0 S1, Rev 2*/ 0x1002, /*PD_Length*/ 4,
                IrdOrd(/*IRD*/ 0x0001, /*ORD*/ 0x0001));

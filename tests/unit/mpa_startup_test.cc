@@ -28,7 +28,7 @@ const Bytes kRepKey = {0x4D, 0x50, 0x41, 0x20, 0x49, 0x44, 0x20, 0x52,   // "MPA
 const Bytes kRtrKeyBytes = {0x4D, 0x50, 0x41, 0x20, 0x49, 0x44, 0x20, 0x52,   // "MPA ID R"
                             0x74, 0x52, 0x20, 0x46, 0x72, 0x61, 0x6D, 0x65};  // "tR Frame"
 
-// What Linux siw (6.1) sends as Initiator for rping (kernel-siw-wire-facts.md).
+// What Linux siw (6.1) sends as Initiator for rping (docs/kernel-siw-interop.md).
 const Bytes kSiwRequest = Cat({kReqKey,
     {0x10, 0x02,     // M=0 C=0 R=0 enhanced=1 Res=0 | Rev=2
      0x00, 0x04,     // PD_Length = 4
