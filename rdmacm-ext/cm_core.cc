@@ -21,6 +21,8 @@ constexpr std::uint64_t kWakeCookie = 0;
 constexpr auto kLingerTime = std::chrono::seconds(2);
 // Listen backlog when the application passes 0 or less.
 constexpr int kDefaultBacklog = 1024;
+// The least TCP listen queue (see Listen).
+constexpr int kMinKernelBacklog = 128;
 // The Reply/Request/Rtr frame with the largest private data.
 constexpr std::size_t kMaxStartupFrame = mpa::kStartupHeaderSize + mpa::kMaxPrivateDataLength;
 
@@ -381,7 +383,8 @@ void Core::ReleaseBacklogSlot(CmId* id) {
   CmId* l = id->listener;
   if (l == nullptr) return;
   id->listener = nullptr;
-  if (l->pending > 0) --l->pending;
+  if (id->backlog_slot && l->pending > 0) --l->pending;
+  id->backlog_slot = false;
   UpdateInterest(l);
 }
 
@@ -591,7 +594,7 @@ void Core::UpdateInterest(CmId* id) {
   std::uint32_t interest = 0;
   switch (id->state) {
     case IdState::kListening:
-      interest = id->pending < id->backlog ? net::kWantRead : 0;
+      interest = id->pending < id->backlog && !id->accept_retry_at ? net::kWantRead : 0;
       break;
     case IdState::kTcpConnecting: interest = net::kWantWrite; break;
     case IdState::kMpaStartup:
@@ -707,24 +710,92 @@ void Core::HandleIo(std::uint64_t cookie, const net::PollEvent& ev) {
   }
 }
 
+bool Core::IsHalfOpen(const CmId* id) {
+  return id->hidden && id->listener != nullptr && id->state == IdState::kMpaStartup;
+}
+
+void Core::MakeRoomForHalfOpen(const net::SockAddr& peer) {
+  const CmConfig& config = GetCmConfig();
+  for (;;) {
+    std::size_t total = 0;
+    std::size_t same_source = 0;
+    std::optional<std::uint64_t> oldest;
+    std::optional<std::uint64_t> oldest_same_source;
+    for (auto it = half_open_.begin(); it != half_open_.end();) {
+      const auto found = by_handle_.find(*it);
+      if (found == by_handle_.end() || !IsHalfOpen(found->second)) {
+        it = half_open_.erase(it);
+        continue;
+      }
+      const std::optional<net::SockAddr> addr =
+          net::SockAddr::From(&found->second->pub.route.addr.dst_addr);
+      if (!oldest) oldest = *it;
+      ++total;
+      if (addr && net::SameAddress(*addr, peer)) {
+        if (!oldest_same_source) oldest_same_source = *it;
+        ++same_source;
+      }
+      ++it;
+    }
+    std::optional<std::uint64_t> victim;
+    const char* bound = nullptr;
+    if (same_source >= config.half_open_per_source) {
+      victim = oldest_same_source;
+      bound = "SIWX_CM_HALF_OPEN_PER_SOURCE";
+    } else if (total >= config.half_open_max) {
+      victim = oldest;
+      bound = "SIWX_CM_HALF_OPEN_MAX";
+    }
+    if (!victim) return;
+    // Its Request may have arrived since the last look (a burst of accepts
+    // runs before the next poll): read it first, and count again if that
+    // settled the connection either way.
+    Drive(by_handle_.at(*victim), false);
+    const auto it = by_handle_.find(*victim);
+    if (it == by_handle_.end() || !IsHalfOpen(it->second)) continue;
+    CmId* id = it->second;
+    SIWX_LOG(kInfo,
+             "CEP[%llu] dropped: no MPA Request yet, and a new connection from %s is over %s",
+             static_cast<unsigned long long>(id->handle), peer.ToString().c_str(), bound);
+    CloseSocket(id, true);
+    DestroyLocked(id);
+    return;
+  }
+}
+
+void Core::BackOffAccepting(CmId* listener, int error) {
+  const bool first = listener->accept_backoff.count() == 0;
+  listener->accept_backoff =
+      first ? kAcceptBackoffMin : std::min(listener->accept_backoff * 2, kAcceptBackoffMax);
+  listener->accept_retry_at = Clock::now() + listener->accept_backoff;
+  if (first) {
+    SIWX_LOG(kWarn, "CEP[%llu] cannot accept connections: %s; retrying every %lld ms at most "
+                    "while it lasts (raise the descriptor limit, ulimit -n)",
+             static_cast<unsigned long long>(listener->handle), std::strerror(error),
+             static_cast<long long>(kAcceptBackoffMax.count()));
+  }
+}
+
 void Core::AcceptPending(CmId* listener) {
   const TimePoint now = Clock::now();
-  while (listener->pending < listener->backlog) {
+  while (listener->pending < listener->backlog && !listener->accept_retry_at) {
     int fd = -1;
     const int rc = net::AcceptOne(listener->fd, &fd);
     if (rc == EAGAIN) break;
     if (rc != 0) {
-      SIWX_LOG(kWarn, "CEP[%llu] accept failed (errno %d); still listening",
-               static_cast<unsigned long long>(listener->handle), rc);
+      // Out of descriptors or memory (or anything else): the connection
+      // stays queued and the listener readable, so polling again at once
+      // would spin. Look again later (OnTimers).
+      BackOffAccepting(listener, rc);
       break;
     }
+    listener->accept_backoff = std::chrono::milliseconds(0);
     net::SetNoDelay(fd);
     CmId* child = NewId(nullptr, false, listener->pub.context, listener->pub.ps,
                         listener->pub.qp_type);
     child->hidden = true;
     child->options = listener->options;
     child->listener = listener;
-    ++listener->pending;
     child->fd = fd;
     child->role = mpa::MpaRole::kResponder;
     child->started = true;
@@ -746,6 +817,7 @@ void Core::AcceptPending(CmId* listener) {
     }
     if (net::PeerAddress(fd, &peer) == 0) {
       std::memcpy(&child->pub.route.addr.dst_storage, &peer.storage, sizeof(peer.storage));
+      MakeRoomForHalfOpen(peer);
     }
     child->negotiator = std::make_unique<mpa::MpaNegotiator>(
         MakeNegotiatorConfig(child->options, mpa::MpaRole::kResponder, 0, 0));
@@ -757,6 +829,7 @@ void Core::AcceptPending(CmId* listener) {
       continue;
     }
     child->state = IdState::kMpaStartup;
+    half_open_.push_back(child->handle);
     SIWX_LOG(kDebug, "CEP[%llu] TCP connection from %s on CEP[%llu]",
              static_cast<unsigned long long>(child->handle), peer.ToString().c_str(),
              static_cast<unsigned long long>(listener->handle));
@@ -854,20 +927,34 @@ void Core::Drive(CmId* id, bool hangup) {
   if (id->state == IdState::kFlushing) {
     if (FlushNegotiatorOutput(id) != 0) {
       // The peer went away right after MPA completed.
-      id->failure = "connection lost while sending the last startup frame";
-      id->failure_code = SIWX_CM_FAILURE_CONNECTION_CLOSED;
-      id->state = IdState::kFailed;
-      id->negotiator.reset();
-      CloseSocket(id, true);
-      Post(id, RDMA_CM_EVENT_CONNECT_ERROR, -ECONNRESET);
+      FailFlushing(id, ECONNRESET, "connection lost while sending the last startup frame");
       return;
     }
     if (id->negotiator->PendingOutput().empty()) {
       FinishHandover(id);
       return;
     }
+    if (hangup) {
+      // The peer closed its end before taking our last startup frame. The
+      // hangup stays signalled (epoll is level-triggered): waiting on would
+      // wake this loop for ever.
+      FailFlushing(id, ECONNRESET, "the peer closed before taking the last startup frame");
+      return;
+    }
   }
   UpdateInterest(id);
+}
+
+void Core::FailFlushing(CmId* id, int error, const char* why) {
+  id->failure = why;
+  id->failure_code =
+      error == ETIMEDOUT ? SIWX_CM_FAILURE_TIMEOUT : SIWX_CM_FAILURE_CONNECTION_CLOSED;
+  SIWX_LOG(kInfo, "CEP[%llu] %s", static_cast<unsigned long long>(id->handle), why);
+  id->flush_deadline.reset();
+  id->state = IdState::kFailed;
+  id->negotiator.reset();
+  CloseSocket(id, true);
+  Post(id, error == ETIMEDOUT ? RDMA_CM_EVENT_UNREACHABLE : RDMA_CM_EVENT_CONNECT_ERROR, -error);
 }
 
 void Core::ProcessNegotiatorEvents(CmId* id) {
@@ -908,6 +995,11 @@ void Core::OnRequestReceived(CmId* id) {
   }
   id->request_ird = ClampU8(ird);
   id->request_ord = ClampU8(ord);
+  // From here the connection waits for the application: it takes a
+  // backlog slot until rdma_accept or rdma_reject.
+  id->backlog_slot = true;
+  ++listener->pending;
+  UpdateInterest(listener);
   if (listener->sync) {
     int err = 0;
     id->channel = NewChannel(true, &err);
@@ -959,11 +1051,13 @@ void Core::OnMpaEstablished(CmId* id) {
   id->negotiated = id->negotiator->params();
   LogEstablished(id);
   id->state = IdState::kFlushing;
+  id->flush_deadline = Clock::now() + id->options.mpa_timeout;
   // Drive() writes what is left (the Reply, or the Rtr frame) and then
   // calls FinishHandover().
 }
 
 void Core::FinishHandover(CmId* id) {
+  id->flush_deadline.reset();
   id->negotiator.reset();
   if (id->role == mpa::MpaRole::kInitiator && id->pub.qp == nullptr && id->conn_qp_num != 0 &&
       id->pub.verbs != nullptr) {
@@ -1234,13 +1328,23 @@ void Core::OnTimers(TimePoint now) {
     const bool connect_due = id->connect_deadline && *id->connect_deadline <= now;
     const bool mpa_due = id->negotiator != nullptr && id->negotiator->Deadline() &&
                          FromMpa(*id->negotiator->Deadline()) <= now;
-    if (connect_due || mpa_due) due.push_back(handle);
+    const bool flush_due = id->flush_deadline && *id->flush_deadline <= now;
+    const bool accept_due = id->accept_retry_at && *id->accept_retry_at <= now;
+    if (connect_due || mpa_due || flush_due || accept_due) due.push_back(handle);
   }
   for (std::uint64_t handle : due) {
     const auto it = by_handle_.find(handle);
     if (it == by_handle_.end()) continue;
     CmId* id = it->second;
-    if (id->connect_deadline) {
+    if (id->accept_retry_at && *id->accept_retry_at <= now) {
+      id->accept_retry_at.reset();
+      if (id->state == IdState::kListening) AcceptPending(id);
+    } else if (id->flush_deadline && *id->flush_deadline <= now) {
+      id->flush_deadline.reset();
+      if (id->state == IdState::kFlushing) {
+        FailFlushing(id, ETIMEDOUT, "the peer did not take the last startup frame in time");
+      }
+    } else if (id->connect_deadline) {
       FailConnect(id, ETIMEDOUT);
     } else if (id->negotiator != nullptr) {
       id->negotiator->OnTime(NowMpa(now));
@@ -1266,6 +1370,8 @@ int Core::NextTimeoutMs(TimePoint now) {
   };
   for (auto& [handle, id] : by_handle_) {
     if (id->connect_deadline) consider(*id->connect_deadline);
+    if (id->flush_deadline) consider(*id->flush_deadline);
+    if (id->accept_retry_at) consider(*id->accept_retry_at);
     if (id->negotiator != nullptr && id->negotiator->Deadline()) {
       consider(FromMpa(*id->negotiator->Deadline()));
     }
@@ -1449,7 +1555,10 @@ int Core::Listen(rdma_cm_id* pub, int backlog) {
   // Accepted connections inherit SO_REUSEADDR: they must not keep the port
   // from the next listener (see BindAddr).
   (void)net::SetReuseAddr(id->fd, true);
-  const int rc = net::ListenOn(id->fd, id->backlog);
+  // The kernel queue holds connections for the CM thread, which takes them
+  // at once (half-open ones take no backlog slot): a small application
+  // backlog must not make a burst of SYNs wait for retransmission.
+  const int rc = net::ListenOn(id->fd, std::max(id->backlog, kMinKernelBacklog));
   if (rc != 0) return rc;
   net::SockAddr local;
   if (net::LocalAddress(id->fd, &local) == 0) {

@@ -52,9 +52,25 @@
 //
 // A connection that fails before its CONNECT_REQUEST is raised (a peer that
 // is not MPA, silent, or resets) is dropped silently (logged at info); the
-// listener keeps serving. Listener backlog: at most `backlog` connections in
-// startup or awaiting rdma_accept/rdma_reject; beyond that the listener
-// stops accepting and the kernel queue applies.
+// listener keeps serving. Listener backlog: at most `backlog` connections
+// whose CONNECT_REQUEST was raised and awaits rdma_accept/rdma_reject; beyond
+// that the listener stops accepting and the kernel queue applies.
+//
+// Hostile peers. A connection accepted but whose MPA Request is not complete
+// yet is half-open. Half-open connections do not take backlog slots; they
+// are bounded per peer address and in total (CmConfig, SIWX_CM_HALF_OPEN_*):
+// at a bound the oldest one of that address (or of all) is dropped for the
+// new one, so a port scan or a silent or trickling peer cannot keep honest
+// peers out, whose Request arrives with or right after the TCP handshake.
+// Each lives at most SIWX_MPA_TIMEOUT_MS from its accept (the negotiator's
+// deadline is not renewed by partial frames). When accept4 fails for want
+// of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM), the listener
+// stops polling for kAcceptBackoffMin, doubling to kAcceptBackoffMax while
+// it keeps failing, then tries again: the waiting connections stay queued
+// in the kernel and are served once descriptors are free, and the CM thread
+// keeps serving the other connections meanwhile. (Accepting with a reserved
+// descriptor and closing at once would refuse the honest peers in the
+// queue, and would hold a descriptor of the application's for nothing.)
 //
 // Not validated here: the FPDU stream after the handover (the engine's),
 // IB-only parameters (retry counts, flow control), and whether the
@@ -148,8 +164,12 @@ struct CmId {
   std::uint32_t interest = 0;
 
   int backlog = 0;            // listener
-  int pending = 0;            // listener: children in startup or awaiting the application
-  CmId* listener = nullptr;   // child while it holds a backlog slot
+  int pending = 0;            // listener: children whose CONNECT_REQUEST awaits the application
+  // Listener: accept4 ran out of descriptors or memory; poll again then.
+  std::optional<TimePoint> accept_retry_at;
+  std::chrono::milliseconds accept_backoff{0};
+  CmId* listener = nullptr;   // child of a listener, until rdma_accept/rdma_reject
+  bool backlog_slot = false;  // child: counted in listener->pending
 
   mpa::MpaRole role = mpa::MpaRole::kInitiator;
   bool started = false;       // a connection was attempted
@@ -164,6 +184,8 @@ struct CmId {
   ibv_qp* target_qp = nullptr;  // responder: the QP rdma_accept named
 
   bool mpa_done = false;
+  // kFlushing: the peer must take the last startup frame by then.
+  std::optional<TimePoint> flush_deadline;
   mpa::NegotiatedParams negotiated;
   mpa::MpaError mpa_error = mpa::MpaError::kNone;
   std::string failure;
@@ -195,6 +217,10 @@ class Core {
   // poll what the QP completed before the close, and how often the CM looks.
   static constexpr std::chrono::milliseconds kDisconnectHold{500};
   static constexpr std::chrono::milliseconds kDisconnectRecheck{1};
+  // A listener whose accept4 fails for want of descriptors or memory waits
+  // this long before it tries again, doubling up to the maximum.
+  static constexpr std::chrono::milliseconds kAcceptBackoffMin{10};
+  static constexpr std::chrono::milliseconds kAcceptBackoffMax{500};
 
   // All return 0 or a positive errno value.
   int CreateChannel(rdma_event_channel** out);
@@ -274,6 +300,13 @@ class Core {
   void DriveLinger(std::uint64_t handle, const net::PollEvent& ev);
   void HandleIo(std::uint64_t cookie, const net::PollEvent& ev);
   void AcceptPending(CmId* listener);
+  void BackOffAccepting(CmId* listener, int error);
+  // A child accepted but whose MPA Request is not complete yet.
+  static bool IsHalfOpen(const CmId* id);
+  // Drops the oldest half-open connection from `peer`'s address, or of all,
+  // when a new one from `peer` would exceed a bound.
+  void MakeRoomForHalfOpen(const net::SockAddr& peer);
+  void FailFlushing(CmId* id, int error, const char* why);
   void StartInitiatorMpa(CmId* id);
   void FailConnect(CmId* id, int error);
   void Drive(CmId* id, bool hangup);
@@ -313,6 +346,9 @@ class Core {
   std::unordered_map<std::uint64_t, CmId*> by_handle_;            // mu_
   std::unordered_map<rdma_cm_event*, CmEvent*> events_;           // mu_: retrieved, not acked
   std::unordered_map<std::uint64_t, Linger> lingers_;             // mu_
+  // Handles of half-open children in accept order; entries that stopped
+  // being half-open are pruned lazily.
+  std::deque<std::uint64_t> half_open_;                           // mu_
 
   std::mutex notify_mu_;
   int notify_wake_fd_ = -1;              // notify_mu_: wake_fd_ while the loop runs
