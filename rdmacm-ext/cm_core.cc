@@ -1069,18 +1069,20 @@ void Core::FinishHandover(CmId* id) {
          id->negotiated.ird, id->negotiated.ord);
     return;
   }
-  ibv_qp* qp = id->pub.qp != nullptr ? id->pub.qp : id->target_qp;
-  BindAndEstablish(id, qp, true);
+  std::optional<std::uint32_t> qp_num = id->target_qp_num;
+  if (id->pub.qp != nullptr) qp_num = id->own_qp_num;
+  BindAndEstablish(id, qp_num, true);
 }
 
-void Core::BindAndEstablish(CmId* id, ibv_qp* qp, bool post_established) {
+void Core::BindAndEstablish(CmId* id, std::optional<std::uint32_t> qp_num,
+                            bool post_established) {
   const ProviderHandover& provider = GetProviderHandover();
-  if (qp != nullptr && provider.bind != nullptr) {
+  if (qp_num && provider.bind != nullptr && id->pub.verbs != nullptr) {
     const siwx_stream_params params = MakeStreamParams(
         id->negotiated, id->role, static_cast<std::uint32_t>(id->options.mpa_timeout.count()));
     const siwx_stream_notify notify{&Core::OnStreamEvent, id->handle};
     SetInterest(id, 0);  // the QP owns readiness from now on
-    const int rc = provider.bind(qp, id->fd, &params, &notify);
+    const int rc = provider.bind(id->pub.verbs, *qp_num, id->fd, &params, &notify);
     if (rc != 0) {
       id->failure = std::string("the QP refused the stream: ") + std::strerror(rc);
       id->failure_code = SIWX_CM_FAILURE_HANDOVER;
@@ -1095,10 +1097,9 @@ void Core::BindAndEstablish(CmId* id, ibv_qp* qp, bool post_established) {
     id->registered = false;
     id->interest = 0;
     id->stream_bound = true;
-    id->bound_qp = qp;
-    id->bound_qp_num = qp->qp_num;
-  } else if (qp != nullptr) {
-    SIWX_LOG(kWarn, "CEP[%llu] the provider cannot take the stream (no siwx_qp_bind_stream): "
+    id->bound_qp_num = *qp_num;
+  } else if (qp_num) {
+    SIWX_LOG(kWarn, "CEP[%llu] the provider cannot take the stream (no siwx_qp_bind_stream_num): "
                     "the connection has no data path",
              static_cast<unsigned long long>(id->handle));
   }
@@ -1204,32 +1205,14 @@ void Core::OnMpaFailed(CmId* id, const mpa::NegotiatorEvent& ev) {
   Post(id, type, status);
 }
 
-ibv_qp* Core::BoundQp(CmId* id) {
-  if (!id->stream_bound || id->bound_qp == nullptr) return nullptr;
-  if (id->bound_qp == id->pub.qp) return id->bound_qp;
-  const ProviderHandover& provider = GetProviderHandover();
-  if (provider.lookup == nullptr || id->pub.verbs == nullptr) return nullptr;
-  ibv_qp* qp = provider.lookup(id->pub.verbs, id->bound_qp_num);
-  return qp == id->bound_qp ? qp : nullptr;
-}
-
 void Core::EndBoundStream(CmId* id, bool abortive) {
-  ibv_qp* qp = BoundQp(id);
-  if (qp == nullptr) return;  // the QP, and with it the stream, is gone
   const ProviderHandover& provider = GetProviderHandover();
-  int rc;
-  if (provider.disconnect != nullptr) {
-    rc = provider.disconnect(qp, abortive ? 1 : 0);
-  } else {
-    // As stock librdmacm on iWARP: SQD is the graceful close, ERROR the
-    // abortive one.
-    ibv_qp_attr attr{};
-    attr.qp_state = abortive ? IBV_QPS_ERR : IBV_QPS_SQD;
-    rc = ibv_modify_qp(qp, &attr, IBV_QP_STATE);
-  }
+  if (!id->stream_bound || provider.disconnect == nullptr || id->pub.verbs == nullptr) return;
+  // ENOENT: the QP, and with it the stream, is gone.
+  const int rc = provider.disconnect(id->pub.verbs, id->bound_qp_num, abortive ? 1 : 0);
   if (rc != 0) {
-    SIWX_LOG(kDebug, "CEP[%llu] ending the QP's stream returned %d",
-             static_cast<unsigned long long>(id->handle), rc);
+    SIWX_LOG(kDebug, "CEP[%llu] ending the stream of QP %u returned %d",
+             static_cast<unsigned long long>(id->handle), id->bound_qp_num, rc);
   }
 }
 
@@ -1285,8 +1268,7 @@ void Core::DrainStreamNotes() {
 
 bool Core::HasUnpolledCompletions(CmId* id) {
   const ProviderHandover& provider = GetProviderHandover();
-  if (provider.unpolled == nullptr || !id->stream_bound || id->bound_qp == nullptr ||
-      id->pub.verbs == nullptr) {
+  if (provider.unpolled == nullptr || !id->stream_bound || id->pub.verbs == nullptr) {
     return false;
   }
   // By number: the application may destroy the QP with ibv_destroy_qp at
@@ -1645,13 +1627,15 @@ int Core::Accept(rdma_cm_id* pub, const rdma_conn_param* param) {
     if (param != nullptr && param->private_data != nullptr) {
       pd = ByteSpan(static_cast<const std::uint8_t*>(param->private_data), param->private_data_len);
     }
-    id->target_qp = nullptr;
+    id->target_qp_num.reset();
     if (id->pub.qp == nullptr && param != nullptr && param->qp_num != 0 &&
         id->pub.verbs != nullptr) {
+      // Checked now for a clear EINVAL, bound later by number (the QP may
+      // be destroyed in between; the bind then fails cleanly).
       const ProviderHandover& provider = GetProviderHandover();
       if (provider.lookup != nullptr) {
-        id->target_qp = provider.lookup(id->pub.verbs, param->qp_num);
-        if (id->target_qp == nullptr) return EINVAL;
+        if (provider.lookup(id->pub.verbs, param->qp_num) == nullptr) return EINVAL;
+        id->target_qp_num = param->qp_num;
       }
     }
     mpa::NegotiatorStatus s = id->negotiator->Accept(NowMpa(Clock::now()), pd, id->ird, id->ord);
@@ -1696,16 +1680,16 @@ int Core::Establish(rdma_cm_id* pub) {
   if (id == nullptr || id->pub.qp != nullptr || id->state != IdState::kAwaitEstablish) {
     return EINVAL;
   }
-  ibv_qp* qp = nullptr;
+  std::optional<std::uint32_t> qp_num;
   const ProviderHandover& provider = GetProviderHandover();
   if (provider.lookup != nullptr && id->pub.verbs != nullptr) {
-    qp = provider.lookup(id->pub.verbs, id->conn_qp_num);
-    if (qp == nullptr) return EINVAL;
+    if (provider.lookup(id->pub.verbs, id->conn_qp_num) == nullptr) return EINVAL;
+    qp_num = id->conn_qp_num;
   }
   if (id->fd < 0) return ECONNRESET;  // the peer left after CONNECT_RESPONSE
   // CONNECT_RESPONSE stood in for ESTABLISHED (as on InfiniBand, where
   // rdma_establish raises no further event); a failed handover still says so.
-  BindAndEstablish(id, qp, false);
+  BindAndEstablish(id, qp_num, false);
   if (id->state != IdState::kEstablished) return ECONNRESET;
   return 0;
 }
@@ -1938,6 +1922,7 @@ int Core::CreateQpEx(rdma_cm_id* pub, ibv_qp_init_attr_ex* attr) {
     return EINVAL;
   }
   id->pub.qp = qp;
+  id->own_qp_num = qp->qp_num;
   if (send_cq != nullptr) {
     id->pub.send_cq = send_cq;
     id->pub.send_cq_channel = send_channel;
@@ -1959,7 +1944,6 @@ void Core::DestroyQp(rdma_cm_id* pub) {
     if (id == nullptr) return;
     qp = id->pub.qp;
     id->pub.qp = nullptr;
-    if (id->bound_qp == qp) id->bound_qp = nullptr;
     cqs[0] = id->pub.send_cq;
     cqs[1] = id->pub.recv_cq;
     channels[0] = id->pub.send_cq_channel;

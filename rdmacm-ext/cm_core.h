@@ -181,7 +181,9 @@ struct CmId {
   std::uint8_t request_ord = 0;
   std::vector<std::uint8_t> private_data;  // initiator: for the Request
   std::uint32_t conn_qp_num = 0;
-  ibv_qp* target_qp = nullptr;  // responder: the QP rdma_accept named
+  // Responder: the QP rdma_accept named by number (rdma_conn_param.qp_num).
+  std::optional<std::uint32_t> target_qp_num;
+  std::uint32_t own_qp_num = 0;  // pub.qp->qp_num, read when the CM created it
 
   bool mpa_done = false;
   // kFlushing: the peer must take the last startup frame by then.
@@ -194,10 +196,9 @@ struct CmId {
   bool peer_gone = false;     // passive: the peer left while the request was pending
 
   bool stream_bound = false;
-  // The QP that owns the stream. Only dereferenced while it is pub.qp
-  // (rdma_destroy_qp clears both); a QP the application created itself is
-  // found again by number, because it may have been destroyed behind our back.
-  ibv_qp* bound_qp = nullptr;
+  // The number of the QP that owns the stream on pub.verbs. Never a pointer:
+  // the application may destroy the QP (ibv_destroy_qp) on any thread, so
+  // the provider finds it by number under the lock its destroy takes.
   std::uint32_t bound_qp_num = 0;
   bool disconnect_posted = false;
   // The peer closed or reset the stream while the QP's CQs still held
@@ -317,9 +318,9 @@ class Core {
   void OnMpaRejected(CmId* id, const mpa::NegotiatorEvent& ev);
   void OnMpaFailed(CmId* id, const mpa::NegotiatorEvent& ev);
   void FinishHandover(CmId* id);
-  void BindAndEstablish(CmId* id, ibv_qp* qp, bool post_established);
+  // `qp_num`: the QP on pub.verbs to take the stream; none in CM-only use.
+  void BindAndEstablish(CmId* id, std::optional<std::uint32_t> qp_num, bool post_established);
   void PeerClosed(CmId* id, int error);
-  ibv_qp* BoundQp(CmId* id);
   void EndBoundStream(CmId* id, bool abortive);
   void SendTerminate(CmId* id, mpa::MpaError error);
   void OnTimers(TimePoint now);
