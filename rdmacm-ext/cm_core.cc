@@ -1,10 +1,13 @@
 #include "rdmacm-ext/cm_core.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <new>
 
 #include "common/wire/fpdu.h"
 #include "common/wire/terminate.h"
@@ -116,8 +119,58 @@ std::string_view IdStateName(IdState s) {
 
 Core& Core::Get() {
   // Never destroyed: ids may outlive static destructors at exit.
-  static Core* core = new Core;
+  static Core* core = [] {
+    auto* c = new Core;
+    pthread_atfork([] { Get().BeforeFork(); }, [] { Get().AfterForkInParent(); },
+                   [] { Get().AfterForkInChild(); });
+    return c;
+  }();
   return *core;
+}
+
+// ---- fork() ----
+
+void Core::BeforeFork() {
+  lifecycle_mu_.lock();
+  mu_.lock();
+  notify_mu_.lock();
+}
+
+void Core::AfterForkInParent() {
+  notify_mu_.unlock();
+  mu_.unlock();
+  lifecycle_mu_.unlock();
+}
+
+void Core::AfterForkInChild() {
+  // Only this thread exists in the child. The parent's connections are the
+  // parent's: drop the child's references to their sockets (closing a
+  // duplicate sends nothing; the parent's socket stays open) and forget
+  // every object, without freeing it, so inherited pointers read as before
+  // and look unknown to every call. Channel fds stay open: the application
+  // may still hold their numbers.
+  for (auto& [pub, id] : ids_) net::Close(id->fd);
+  for (auto& [handle, l] : lingers_) net::Close(l.fd);
+  net::Close(epfd_);
+  net::Close(wake_fd_);
+  ids_.clear();
+  by_handle_.clear();
+  channels_.clear();
+  events_.clear();
+  lingers_.clear();
+  half_open_.clear();
+  notes_.clear();
+  live_ids_ = 0;
+  epfd_ = -1;
+  wake_fd_ = -1;
+  notify_wake_fd_ = -1;
+  stop_ = false;
+  // The CM thread does not exist here: forget it without joining (its
+  // handle names a thread of the parent).
+  new (&thread_) std::thread();
+  notify_mu_.unlock();
+  mu_.unlock();
+  lifecycle_mu_.unlock();
 }
 
 // ---- Loop lifetime ----

@@ -72,6 +72,14 @@
 // descriptor and closing at once would refuse the honest peers in the
 // queue, and would hold a descriptor of the application's for nothing.)
 //
+// fork(). pthread_atfork handlers take mu_ (and the other two locks) around
+// fork(), so a child never inherits them held. The child has none of the
+// parent's threads and must not touch the parent's connections: it forgets
+// every id, channel and event it inherited (their memory stays, so reading
+// an inherited rdma_cm_id still works, but every call with one is EINVAL)
+// and closes its references to the CM's sockets, epoll and wake-up fds; a
+// new rdma_create_id in the child starts afresh. Everything is close-on-exec.
+//
 // Not validated here: the FPDU stream after the handover (the engine's),
 // IB-only parameters (retry counts, flow control), and whether the
 // application's QP matches the id's device beyond the context pointer.
@@ -259,6 +267,11 @@ class Core {
 
   // siwx_stream_notify.event: any thread.
   static void OnStreamEvent(std::uint64_t cookie, int event, int error);
+
+  // pthread_atfork handlers (registered by Get()).
+  void BeforeFork();
+  void AfterForkInParent();
+  void AfterForkInChild();
 
  private:
   struct Linger {

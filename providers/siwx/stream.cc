@@ -154,6 +154,7 @@ int Bind(Context* context, std::uint32_t qp_num, int fd, const siwx_stream_param
   engine::StreamParams params;
   if (int error = ToEngine(in, &params); error != 0) return error;
   if (fd < 0 || !IsStreamSocket(fd)) return EINVAL;
+  if (Inherited(context)) return EPERM;
   const std::shared_ptr<engine::Qp> engine_qp = EngineQp(context, qp_num);
   if (engine_qp == nullptr) return ENOENT;
   const engine::QpState state = engine_qp->state();
@@ -191,6 +192,7 @@ int Bind(Context* context, std::uint32_t qp_num, int fd, const siwx_stream_param
 }
 
 int Disconnect(Context* context, std::uint32_t qp_num, int abortive) {
+  if (Inherited(context)) return EPERM;
   const std::shared_ptr<engine::Qp> engine_qp = EngineQp(context, qp_num);
   if (engine_qp == nullptr) return ENOENT;
   if (!engine_qp->Query().bound) return EINVAL;
