@@ -834,7 +834,10 @@ void Core::AcceptPending(CmId* listener) {
   while (listener->pending < listener->backlog && !listener->accept_retry_at) {
     int fd = -1;
     const int rc = net::AcceptOne(listener->fd, &fd);
-    if (rc == EAGAIN) break;
+    if (rc == EAGAIN) {
+      listener->accept_backoff = std::chrono::milliseconds(0);  // any shortage is over
+      break;
+    }
     if (rc != 0) {
       // Out of descriptors or memory (or anything else): the connection
       // stays queued and the listener readable, so polling again at once
