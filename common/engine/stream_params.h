@@ -76,7 +76,12 @@ struct StreamParams {
   std::size_t max_ulpdu = 0;
 
   RtrRole rtr_role = RtrRole::kNone;
+  // kSend: the RTR message to send. kAwait: the one expected when
+  // rtr_accept_mask is 0.
   RtrMessage rtr_message = RtrMessage::kSend;
+  // kAwait: every RTR message the Reply advertised, bit 1 << RtrMessage;
+  // the Initiator picks one of them (RFC 6581 9.2), so any may arrive.
+  std::uint8_t rtr_accept_mask = 0;
 };
 
 // The max ULPDU a stream with these parameters sends, given the TCP EMSS (0

@@ -15,9 +15,7 @@
 //
 // Accepted although engine::StreamParams cannot express them yet: a
 // responder's wait for the first FPDU (wait_first_fpdu, RFC 5044 7.1.2 rule
-// 4) and its timeout; an RTR accept mask with more than one type (the engine
-// expects one message; the one our own Initiator prefers, Write, then Read,
-// then Send, is chosen).
+// 4) and its timeout.
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -87,20 +85,12 @@ int ToEngine(const siwx_stream_params& in, engine::StreamParams* out) {
       const unsigned mask = in.rtr_accept_mask;
       if (mask == 0 || (mask & ~kAll) != 0) return EINVAL;
       out->rtr_role = engine::RtrRole::kAwait;
-      if ((mask & SIWX_RTR_MASK_WRITE) != 0) {
-        out->rtr_message = engine::RtrMessage::kWrite;
-      } else if ((mask & SIWX_RTR_MASK_READ) != 0) {
-        out->rtr_message = engine::RtrMessage::kRead;
-      } else {
-        out->rtr_message = engine::RtrMessage::kSend;
-      }
-      if ((mask & (mask - 1)) != 0) {
-        SIWX_LOG(kInfo, "RTR accept mask 0x%x: the engine expects one RTR type; it waits for "
-                        "the zero-length %s", mask,
-                 out->rtr_message == engine::RtrMessage::kWrite  ? "RDMA Write"
-                 : out->rtr_message == engine::RtrMessage::kRead ? "RDMA Read"
-                                                                 : "Send");
-      }
+      // Any advertised type may arrive: the Initiator chose (RFC 6581 9.2).
+      // SIWX_RTR_MASK_* bits are 1 << RtrMessage (static_asserts above).
+      out->rtr_accept_mask = static_cast<std::uint8_t>(mask);
+      out->rtr_message = (mask & SIWX_RTR_MASK_WRITE) != 0  ? engine::RtrMessage::kWrite
+                         : (mask & SIWX_RTR_MASK_READ) != 0 ? engine::RtrMessage::kRead
+                                                            : engine::RtrMessage::kSend;
       break;
     }
     default:
