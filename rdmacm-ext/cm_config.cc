@@ -2,6 +2,7 @@
 
 #include <strings.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <cstring>
@@ -109,6 +110,18 @@ void ParseMs(const char* name, const char* value, std::chrono::milliseconds& out
   out = std::chrono::milliseconds(ms);
 }
 
+void ParseCount(const char* name, const char* value, std::size_t& out, CmConfig& config) {
+  const std::string_view v(value);
+  std::int64_t n = 0;
+  const auto [ptr, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (ec != std::errc() || ptr != v.data() + v.size() || n < 1 || n > kMaxHalfOpen) {
+    config.problems.push_back(Problem(name, value, "a number in 1..65536") + " (using " +
+                              std::to_string(out) + ")");
+    return;
+  }
+  out = static_cast<std::size_t>(n);
+}
+
 }  // namespace
 
 CmConfig ParseCmConfig(const std::function<const char*(const char*)>& lookup) {
@@ -132,6 +145,13 @@ CmConfig ParseCmConfig(const std::function<const char*(const char*)>& lookup) {
   if (const char* v = get("SIWX_MPA_TIMEOUT_MS")) {
     ParseMs("SIWX_MPA_TIMEOUT_MS", v, config.mpa.mpa_timeout, config);
   }
+  if (const char* v = get("SIWX_CM_HALF_OPEN_MAX")) {
+    ParseCount("SIWX_CM_HALF_OPEN_MAX", v, config.half_open_max, config);
+  }
+  if (const char* v = get("SIWX_CM_HALF_OPEN_PER_SOURCE")) {
+    ParseCount("SIWX_CM_HALF_OPEN_PER_SOURCE", v, config.half_open_per_source, config);
+  }
+  config.half_open_per_source = std::min(config.half_open_per_source, config.half_open_max);
   if (config.mpa.peer_to_peer && config.mpa.dialect != mpa::MpaDialect::kV2) {
     config.problems.push_back("SIWX_MPA_P2P needs SIWX_MPA_DIALECT=v2 (peer-to-peer RTR is "
                               "RFC 6581's); not requesting it");

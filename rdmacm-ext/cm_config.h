@@ -33,12 +33,19 @@
 //   SIWX_MPA_TIMEOUT_MS          1..600000           default 10000
 //       Bound on every wait for an MPA startup frame and, after the
 //       handover, for the first FPDU (RFC 5044 7.1.2 rules 8 and 10).
+//   SIWX_CM_HALF_OPEN_MAX        1..65536            default 256
+//       Connections accepted by all listeners of the process whose MPA
+//       Request has not arrived yet. At the bound, the oldest of them is
+//       dropped to make room for a new one.
+//   SIWX_CM_HALF_OPEN_PER_SOURCE 1..65536            default 32
+//       The same, counted per peer IP address (at most the total above).
 //
 // A value that does not parse is reported once (warn level) and the default
 // is used. Per-id overrides: siwx_cm_set_mpa_options() in siwx_cm.h.
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -70,6 +77,10 @@ struct MpaOptions {
 
 struct CmConfig {
   MpaOptions mpa;
+  // Bounds on half-open connections (accepted, MPA Request not complete):
+  // in total and per peer address. Scans and slow peers cannot hold more.
+  std::size_t half_open_max = 256;
+  std::size_t half_open_per_source = 32;
   // One line per variable that was set but not understood.
   std::vector<std::string> problems;
 };
@@ -84,6 +95,8 @@ const CmConfig& GetCmConfig();
 // Bounds of the millisecond settings.
 inline constexpr std::int64_t kMinTimeoutMs = 1;
 inline constexpr std::int64_t kMaxTimeoutMs = 600000;
+// Bound of the half-open settings.
+inline constexpr std::int64_t kMaxHalfOpen = 65536;
 
 // The negotiator configuration for one connection. `ird`/`ord` are the
 // Initiator's offer (RFC 6581 9.1); the Responder gives its own to Accept().

@@ -1,10 +1,13 @@
 #include "rdmacm-ext/cm_core.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <new>
 
 #include "common/wire/fpdu.h"
 #include "common/wire/terminate.h"
@@ -21,6 +24,8 @@ constexpr std::uint64_t kWakeCookie = 0;
 constexpr auto kLingerTime = std::chrono::seconds(2);
 // Listen backlog when the application passes 0 or less.
 constexpr int kDefaultBacklog = 1024;
+// The least TCP listen queue (see Listen).
+constexpr int kMinKernelBacklog = 128;
 // The Reply/Request/Rtr frame with the largest private data.
 constexpr std::size_t kMaxStartupFrame = mpa::kStartupHeaderSize + mpa::kMaxPrivateDataLength;
 
@@ -114,8 +119,58 @@ std::string_view IdStateName(IdState s) {
 
 Core& Core::Get() {
   // Never destroyed: ids may outlive static destructors at exit.
-  static Core* core = new Core;
+  static Core* core = [] {
+    auto* c = new Core;
+    pthread_atfork([] { Get().BeforeFork(); }, [] { Get().AfterForkInParent(); },
+                   [] { Get().AfterForkInChild(); });
+    return c;
+  }();
   return *core;
+}
+
+// ---- fork() ----
+
+void Core::BeforeFork() {
+  lifecycle_mu_.lock();
+  mu_.lock();
+  notify_mu_.lock();
+}
+
+void Core::AfterForkInParent() {
+  notify_mu_.unlock();
+  mu_.unlock();
+  lifecycle_mu_.unlock();
+}
+
+void Core::AfterForkInChild() {
+  // Only this thread exists in the child. The parent's connections are the
+  // parent's: drop the child's references to their sockets (closing a
+  // duplicate sends nothing; the parent's socket stays open) and forget
+  // every object, without freeing it, so inherited pointers read as before
+  // and look unknown to every call. Channel fds stay open: the application
+  // may still hold their numbers.
+  for (auto& [pub, id] : ids_) net::Close(id->fd);
+  for (auto& [handle, l] : lingers_) net::Close(l.fd);
+  net::Close(epfd_);
+  net::Close(wake_fd_);
+  ids_.clear();
+  by_handle_.clear();
+  channels_.clear();
+  events_.clear();
+  lingers_.clear();
+  half_open_.clear();
+  notes_.clear();
+  live_ids_ = 0;
+  epfd_ = -1;
+  wake_fd_ = -1;
+  notify_wake_fd_ = -1;
+  stop_ = false;
+  // The CM thread does not exist here: forget it without joining (its
+  // handle names a thread of the parent).
+  new (&thread_) std::thread();
+  notify_mu_.unlock();
+  mu_.unlock();
+  lifecycle_mu_.unlock();
 }
 
 // ---- Loop lifetime ----
@@ -381,7 +436,8 @@ void Core::ReleaseBacklogSlot(CmId* id) {
   CmId* l = id->listener;
   if (l == nullptr) return;
   id->listener = nullptr;
-  if (l->pending > 0) --l->pending;
+  if (id->backlog_slot && l->pending > 0) --l->pending;
+  id->backlog_slot = false;
   UpdateInterest(l);
 }
 
@@ -591,7 +647,7 @@ void Core::UpdateInterest(CmId* id) {
   std::uint32_t interest = 0;
   switch (id->state) {
     case IdState::kListening:
-      interest = id->pending < id->backlog ? net::kWantRead : 0;
+      interest = id->pending < id->backlog && !id->accept_retry_at ? net::kWantRead : 0;
       break;
     case IdState::kTcpConnecting: interest = net::kWantWrite; break;
     case IdState::kMpaStartup:
@@ -707,24 +763,95 @@ void Core::HandleIo(std::uint64_t cookie, const net::PollEvent& ev) {
   }
 }
 
+bool Core::IsHalfOpen(const CmId* id) {
+  return id->hidden && id->listener != nullptr && id->state == IdState::kMpaStartup;
+}
+
+void Core::MakeRoomForHalfOpen(const net::SockAddr& peer) {
+  const CmConfig& config = GetCmConfig();
+  for (;;) {
+    std::size_t total = 0;
+    std::size_t same_source = 0;
+    std::optional<std::uint64_t> oldest;
+    std::optional<std::uint64_t> oldest_same_source;
+    for (auto it = half_open_.begin(); it != half_open_.end();) {
+      const auto found = by_handle_.find(*it);
+      if (found == by_handle_.end() || !IsHalfOpen(found->second)) {
+        it = half_open_.erase(it);
+        continue;
+      }
+      const std::optional<net::SockAddr> addr =
+          net::SockAddr::From(&found->second->pub.route.addr.dst_addr);
+      if (!oldest) oldest = *it;
+      ++total;
+      if (addr && net::SameAddress(*addr, peer)) {
+        if (!oldest_same_source) oldest_same_source = *it;
+        ++same_source;
+      }
+      ++it;
+    }
+    std::optional<std::uint64_t> victim;
+    const char* bound = nullptr;
+    if (same_source >= config.half_open_per_source) {
+      victim = oldest_same_source;
+      bound = "SIWX_CM_HALF_OPEN_PER_SOURCE";
+    } else if (total >= config.half_open_max) {
+      victim = oldest;
+      bound = "SIWX_CM_HALF_OPEN_MAX";
+    }
+    if (!victim) return;
+    // Its Request may have arrived since the last look (a burst of accepts
+    // runs before the next poll): read it first, and count again if that
+    // settled the connection either way.
+    Drive(by_handle_.at(*victim), false);
+    const auto it = by_handle_.find(*victim);
+    if (it == by_handle_.end() || !IsHalfOpen(it->second)) continue;
+    CmId* id = it->second;
+    SIWX_LOG(kInfo,
+             "CEP[%llu] dropped: no MPA Request yet, and a new connection from %s is over %s",
+             static_cast<unsigned long long>(id->handle), peer.ToString().c_str(), bound);
+    CloseSocket(id, true);
+    DestroyLocked(id);
+    return;
+  }
+}
+
+void Core::BackOffAccepting(CmId* listener, int error) {
+  const bool first = listener->accept_backoff.count() == 0;
+  listener->accept_backoff =
+      first ? kAcceptBackoffMin : std::min(listener->accept_backoff * 2, kAcceptBackoffMax);
+  listener->accept_retry_at = Clock::now() + listener->accept_backoff;
+  if (first) {
+    SIWX_LOG(kWarn, "CEP[%llu] cannot accept connections: %s; retrying every %lld ms at most "
+                    "while it lasts (raise the descriptor limit, ulimit -n)",
+             static_cast<unsigned long long>(listener->handle), std::strerror(error),
+             static_cast<long long>(kAcceptBackoffMax.count()));
+  }
+}
+
 void Core::AcceptPending(CmId* listener) {
   const TimePoint now = Clock::now();
-  while (listener->pending < listener->backlog) {
+  while (listener->pending < listener->backlog && !listener->accept_retry_at) {
     int fd = -1;
     const int rc = net::AcceptOne(listener->fd, &fd);
-    if (rc == EAGAIN) break;
-    if (rc != 0) {
-      SIWX_LOG(kWarn, "CEP[%llu] accept failed (errno %d); still listening",
-               static_cast<unsigned long long>(listener->handle), rc);
+    if (rc == EAGAIN) {
+      listener->accept_backoff = std::chrono::milliseconds(0);  // any shortage is over
       break;
     }
+    if (rc != 0) {
+      // Out of descriptors or memory (or anything else): the connection
+      // stays queued and the listener readable, so polling again at once
+      // would spin. Look again later (OnTimers).
+      BackOffAccepting(listener, rc);
+      break;
+    }
+    listener->accept_backoff = std::chrono::milliseconds(0);
     net::SetNoDelay(fd);
     CmId* child = NewId(nullptr, false, listener->pub.context, listener->pub.ps,
                         listener->pub.qp_type);
     child->hidden = true;
     child->options = listener->options;
     child->listener = listener;
-    ++listener->pending;
     child->fd = fd;
     child->role = mpa::MpaRole::kResponder;
     child->started = true;
@@ -746,6 +873,7 @@ void Core::AcceptPending(CmId* listener) {
     }
     if (net::PeerAddress(fd, &peer) == 0) {
       std::memcpy(&child->pub.route.addr.dst_storage, &peer.storage, sizeof(peer.storage));
+      MakeRoomForHalfOpen(peer);
     }
     child->negotiator = std::make_unique<mpa::MpaNegotiator>(
         MakeNegotiatorConfig(child->options, mpa::MpaRole::kResponder, 0, 0));
@@ -757,6 +885,7 @@ void Core::AcceptPending(CmId* listener) {
       continue;
     }
     child->state = IdState::kMpaStartup;
+    half_open_.push_back(child->handle);
     SIWX_LOG(kDebug, "CEP[%llu] TCP connection from %s on CEP[%llu]",
              static_cast<unsigned long long>(child->handle), peer.ToString().c_str(),
              static_cast<unsigned long long>(listener->handle));
@@ -854,20 +983,34 @@ void Core::Drive(CmId* id, bool hangup) {
   if (id->state == IdState::kFlushing) {
     if (FlushNegotiatorOutput(id) != 0) {
       // The peer went away right after MPA completed.
-      id->failure = "connection lost while sending the last startup frame";
-      id->failure_code = SIWX_CM_FAILURE_CONNECTION_CLOSED;
-      id->state = IdState::kFailed;
-      id->negotiator.reset();
-      CloseSocket(id, true);
-      Post(id, RDMA_CM_EVENT_CONNECT_ERROR, -ECONNRESET);
+      FailFlushing(id, ECONNRESET, "connection lost while sending the last startup frame");
       return;
     }
     if (id->negotiator->PendingOutput().empty()) {
       FinishHandover(id);
       return;
     }
+    if (hangup) {
+      // The peer closed its end before taking our last startup frame. The
+      // hangup stays signalled (epoll is level-triggered): waiting on would
+      // wake this loop for ever.
+      FailFlushing(id, ECONNRESET, "the peer closed before taking the last startup frame");
+      return;
+    }
   }
   UpdateInterest(id);
+}
+
+void Core::FailFlushing(CmId* id, int error, const char* why) {
+  id->failure = why;
+  id->failure_code =
+      error == ETIMEDOUT ? SIWX_CM_FAILURE_TIMEOUT : SIWX_CM_FAILURE_CONNECTION_CLOSED;
+  SIWX_LOG(kInfo, "CEP[%llu] %s", static_cast<unsigned long long>(id->handle), why);
+  id->flush_deadline.reset();
+  id->state = IdState::kFailed;
+  id->negotiator.reset();
+  CloseSocket(id, true);
+  Post(id, error == ETIMEDOUT ? RDMA_CM_EVENT_UNREACHABLE : RDMA_CM_EVENT_CONNECT_ERROR, -error);
 }
 
 void Core::ProcessNegotiatorEvents(CmId* id) {
@@ -908,6 +1051,11 @@ void Core::OnRequestReceived(CmId* id) {
   }
   id->request_ird = ClampU8(ird);
   id->request_ord = ClampU8(ord);
+  // From here the connection waits for the application: it takes a
+  // backlog slot until rdma_accept or rdma_reject.
+  id->backlog_slot = true;
+  ++listener->pending;
+  UpdateInterest(listener);
   if (listener->sync) {
     int err = 0;
     id->channel = NewChannel(true, &err);
@@ -959,11 +1107,13 @@ void Core::OnMpaEstablished(CmId* id) {
   id->negotiated = id->negotiator->params();
   LogEstablished(id);
   id->state = IdState::kFlushing;
+  id->flush_deadline = Clock::now() + id->options.mpa_timeout;
   // Drive() writes what is left (the Reply, or the Rtr frame) and then
   // calls FinishHandover().
 }
 
 void Core::FinishHandover(CmId* id) {
+  id->flush_deadline.reset();
   id->negotiator.reset();
   if (id->role == mpa::MpaRole::kInitiator && id->pub.qp == nullptr && id->conn_qp_num != 0 &&
       id->pub.verbs != nullptr) {
@@ -975,18 +1125,20 @@ void Core::FinishHandover(CmId* id) {
          id->negotiated.ird, id->negotiated.ord);
     return;
   }
-  ibv_qp* qp = id->pub.qp != nullptr ? id->pub.qp : id->target_qp;
-  BindAndEstablish(id, qp, true);
+  std::optional<std::uint32_t> qp_num = id->target_qp_num;
+  if (id->pub.qp != nullptr) qp_num = id->own_qp_num;
+  BindAndEstablish(id, qp_num, true);
 }
 
-void Core::BindAndEstablish(CmId* id, ibv_qp* qp, bool post_established) {
+void Core::BindAndEstablish(CmId* id, std::optional<std::uint32_t> qp_num,
+                            bool post_established) {
   const ProviderHandover& provider = GetProviderHandover();
-  if (qp != nullptr && provider.bind != nullptr) {
+  if (qp_num && provider.bind != nullptr && id->pub.verbs != nullptr) {
     const siwx_stream_params params = MakeStreamParams(
         id->negotiated, id->role, static_cast<std::uint32_t>(id->options.mpa_timeout.count()));
     const siwx_stream_notify notify{&Core::OnStreamEvent, id->handle};
     SetInterest(id, 0);  // the QP owns readiness from now on
-    const int rc = provider.bind(qp, id->fd, &params, &notify);
+    const int rc = provider.bind(id->pub.verbs, *qp_num, id->fd, &params, &notify);
     if (rc != 0) {
       id->failure = std::string("the QP refused the stream: ") + std::strerror(rc);
       id->failure_code = SIWX_CM_FAILURE_HANDOVER;
@@ -1001,10 +1153,9 @@ void Core::BindAndEstablish(CmId* id, ibv_qp* qp, bool post_established) {
     id->registered = false;
     id->interest = 0;
     id->stream_bound = true;
-    id->bound_qp = qp;
-    id->bound_qp_num = qp->qp_num;
-  } else if (qp != nullptr) {
-    SIWX_LOG(kWarn, "CEP[%llu] the provider cannot take the stream (no siwx_qp_bind_stream): "
+    id->bound_qp_num = *qp_num;
+  } else if (qp_num) {
+    SIWX_LOG(kWarn, "CEP[%llu] the provider cannot take the stream (no siwx_qp_bind_stream_num): "
                     "the connection has no data path",
              static_cast<unsigned long long>(id->handle));
   }
@@ -1110,32 +1261,14 @@ void Core::OnMpaFailed(CmId* id, const mpa::NegotiatorEvent& ev) {
   Post(id, type, status);
 }
 
-ibv_qp* Core::BoundQp(CmId* id) {
-  if (!id->stream_bound || id->bound_qp == nullptr) return nullptr;
-  if (id->bound_qp == id->pub.qp) return id->bound_qp;
-  const ProviderHandover& provider = GetProviderHandover();
-  if (provider.lookup == nullptr || id->pub.verbs == nullptr) return nullptr;
-  ibv_qp* qp = provider.lookup(id->pub.verbs, id->bound_qp_num);
-  return qp == id->bound_qp ? qp : nullptr;
-}
-
 void Core::EndBoundStream(CmId* id, bool abortive) {
-  ibv_qp* qp = BoundQp(id);
-  if (qp == nullptr) return;  // the QP, and with it the stream, is gone
   const ProviderHandover& provider = GetProviderHandover();
-  int rc;
-  if (provider.disconnect != nullptr) {
-    rc = provider.disconnect(qp, abortive ? 1 : 0);
-  } else {
-    // As stock librdmacm on iWARP: SQD is the graceful close, ERROR the
-    // abortive one.
-    ibv_qp_attr attr{};
-    attr.qp_state = abortive ? IBV_QPS_ERR : IBV_QPS_SQD;
-    rc = ibv_modify_qp(qp, &attr, IBV_QP_STATE);
-  }
+  if (!id->stream_bound || provider.disconnect == nullptr || id->pub.verbs == nullptr) return;
+  // ENOENT: the QP, and with it the stream, is gone.
+  const int rc = provider.disconnect(id->pub.verbs, id->bound_qp_num, abortive ? 1 : 0);
   if (rc != 0) {
-    SIWX_LOG(kDebug, "CEP[%llu] ending the QP's stream returned %d",
-             static_cast<unsigned long long>(id->handle), rc);
+    SIWX_LOG(kDebug, "CEP[%llu] ending the stream of QP %u returned %d",
+             static_cast<unsigned long long>(id->handle), id->bound_qp_num, rc);
   }
 }
 
@@ -1191,8 +1324,7 @@ void Core::DrainStreamNotes() {
 
 bool Core::HasUnpolledCompletions(CmId* id) {
   const ProviderHandover& provider = GetProviderHandover();
-  if (provider.unpolled == nullptr || !id->stream_bound || id->bound_qp == nullptr ||
-      id->pub.verbs == nullptr) {
+  if (provider.unpolled == nullptr || !id->stream_bound || id->pub.verbs == nullptr) {
     return false;
   }
   // By number: the application may destroy the QP with ibv_destroy_qp at
@@ -1234,13 +1366,23 @@ void Core::OnTimers(TimePoint now) {
     const bool connect_due = id->connect_deadline && *id->connect_deadline <= now;
     const bool mpa_due = id->negotiator != nullptr && id->negotiator->Deadline() &&
                          FromMpa(*id->negotiator->Deadline()) <= now;
-    if (connect_due || mpa_due) due.push_back(handle);
+    const bool flush_due = id->flush_deadline && *id->flush_deadline <= now;
+    const bool accept_due = id->accept_retry_at && *id->accept_retry_at <= now;
+    if (connect_due || mpa_due || flush_due || accept_due) due.push_back(handle);
   }
   for (std::uint64_t handle : due) {
     const auto it = by_handle_.find(handle);
     if (it == by_handle_.end()) continue;
     CmId* id = it->second;
-    if (id->connect_deadline) {
+    if (id->accept_retry_at && *id->accept_retry_at <= now) {
+      id->accept_retry_at.reset();
+      if (id->state == IdState::kListening) AcceptPending(id);
+    } else if (id->flush_deadline && *id->flush_deadline <= now) {
+      id->flush_deadline.reset();
+      if (id->state == IdState::kFlushing) {
+        FailFlushing(id, ETIMEDOUT, "the peer did not take the last startup frame in time");
+      }
+    } else if (id->connect_deadline) {
       FailConnect(id, ETIMEDOUT);
     } else if (id->negotiator != nullptr) {
       id->negotiator->OnTime(NowMpa(now));
@@ -1266,6 +1408,8 @@ int Core::NextTimeoutMs(TimePoint now) {
   };
   for (auto& [handle, id] : by_handle_) {
     if (id->connect_deadline) consider(*id->connect_deadline);
+    if (id->flush_deadline) consider(*id->flush_deadline);
+    if (id->accept_retry_at) consider(*id->accept_retry_at);
     if (id->negotiator != nullptr && id->negotiator->Deadline()) {
       consider(FromMpa(*id->negotiator->Deadline()));
     }
@@ -1449,7 +1593,10 @@ int Core::Listen(rdma_cm_id* pub, int backlog) {
   // Accepted connections inherit SO_REUSEADDR: they must not keep the port
   // from the next listener (see BindAddr).
   (void)net::SetReuseAddr(id->fd, true);
-  const int rc = net::ListenOn(id->fd, id->backlog);
+  // The kernel queue holds connections for the CM thread, which takes them
+  // at once (half-open ones take no backlog slot): a small application
+  // backlog must not make a burst of SYNs wait for retransmission.
+  const int rc = net::ListenOn(id->fd, std::max(id->backlog, kMinKernelBacklog));
   if (rc != 0) return rc;
   net::SockAddr local;
   if (net::LocalAddress(id->fd, &local) == 0) {
@@ -1536,13 +1683,15 @@ int Core::Accept(rdma_cm_id* pub, const rdma_conn_param* param) {
     if (param != nullptr && param->private_data != nullptr) {
       pd = ByteSpan(static_cast<const std::uint8_t*>(param->private_data), param->private_data_len);
     }
-    id->target_qp = nullptr;
+    id->target_qp_num.reset();
     if (id->pub.qp == nullptr && param != nullptr && param->qp_num != 0 &&
         id->pub.verbs != nullptr) {
+      // Checked now for a clear EINVAL, bound later by number (the QP may
+      // be destroyed in between; the bind then fails cleanly).
       const ProviderHandover& provider = GetProviderHandover();
       if (provider.lookup != nullptr) {
-        id->target_qp = provider.lookup(id->pub.verbs, param->qp_num);
-        if (id->target_qp == nullptr) return EINVAL;
+        if (provider.lookup(id->pub.verbs, param->qp_num) == nullptr) return EINVAL;
+        id->target_qp_num = param->qp_num;
       }
     }
     mpa::NegotiatorStatus s = id->negotiator->Accept(NowMpa(Clock::now()), pd, id->ird, id->ord);
@@ -1587,16 +1736,16 @@ int Core::Establish(rdma_cm_id* pub) {
   if (id == nullptr || id->pub.qp != nullptr || id->state != IdState::kAwaitEstablish) {
     return EINVAL;
   }
-  ibv_qp* qp = nullptr;
+  std::optional<std::uint32_t> qp_num;
   const ProviderHandover& provider = GetProviderHandover();
   if (provider.lookup != nullptr && id->pub.verbs != nullptr) {
-    qp = provider.lookup(id->pub.verbs, id->conn_qp_num);
-    if (qp == nullptr) return EINVAL;
+    if (provider.lookup(id->pub.verbs, id->conn_qp_num) == nullptr) return EINVAL;
+    qp_num = id->conn_qp_num;
   }
   if (id->fd < 0) return ECONNRESET;  // the peer left after CONNECT_RESPONSE
   // CONNECT_RESPONSE stood in for ESTABLISHED (as on InfiniBand, where
   // rdma_establish raises no further event); a failed handover still says so.
-  BindAndEstablish(id, qp, false);
+  BindAndEstablish(id, qp_num, false);
   if (id->state != IdState::kEstablished) return ECONNRESET;
   return 0;
 }
@@ -1829,6 +1978,7 @@ int Core::CreateQpEx(rdma_cm_id* pub, ibv_qp_init_attr_ex* attr) {
     return EINVAL;
   }
   id->pub.qp = qp;
+  id->own_qp_num = qp->qp_num;
   if (send_cq != nullptr) {
     id->pub.send_cq = send_cq;
     id->pub.send_cq_channel = send_channel;
@@ -1850,7 +2000,6 @@ void Core::DestroyQp(rdma_cm_id* pub) {
     if (id == nullptr) return;
     qp = id->pub.qp;
     id->pub.qp = nullptr;
-    if (id->bound_qp == qp) id->bound_qp = nullptr;
     cqs[0] = id->pub.send_cq;
     cqs[1] = id->pub.recv_cq;
     channels[0] = id->pub.send_cq_channel;

@@ -52,9 +52,33 @@
 //
 // A connection that fails before its CONNECT_REQUEST is raised (a peer that
 // is not MPA, silent, or resets) is dropped silently (logged at info); the
-// listener keeps serving. Listener backlog: at most `backlog` connections in
-// startup or awaiting rdma_accept/rdma_reject; beyond that the listener
-// stops accepting and the kernel queue applies.
+// listener keeps serving. Listener backlog: at most `backlog` connections
+// whose CONNECT_REQUEST was raised and awaits rdma_accept/rdma_reject; beyond
+// that the listener stops accepting and the kernel queue applies.
+//
+// Hostile peers. A connection accepted but whose MPA Request is not complete
+// yet is half-open. Half-open connections do not take backlog slots; they
+// are bounded per peer address and in total (CmConfig, SIWX_CM_HALF_OPEN_*):
+// at a bound the oldest one of that address (or of all) is dropped for the
+// new one, so a port scan or a silent or trickling peer cannot keep honest
+// peers out, whose Request arrives with or right after the TCP handshake.
+// Each lives at most SIWX_MPA_TIMEOUT_MS from its accept (the negotiator's
+// deadline is not renewed by partial frames). When accept4 fails for want
+// of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM), the listener
+// stops polling for kAcceptBackoffMin, doubling to kAcceptBackoffMax while
+// it keeps failing, then tries again: the waiting connections stay queued
+// in the kernel and are served once descriptors are free, and the CM thread
+// keeps serving the other connections meanwhile. (Accepting with a reserved
+// descriptor and closing at once would refuse the honest peers in the
+// queue, and would hold a descriptor of the application's for nothing.)
+//
+// fork(). pthread_atfork handlers take mu_ (and the other two locks) around
+// fork(), so a child never inherits them held. The child has none of the
+// parent's threads and must not touch the parent's connections: it forgets
+// every id, channel and event it inherited (their memory stays, so reading
+// an inherited rdma_cm_id still works, but every call with one is EINVAL)
+// and closes its references to the CM's sockets, epoll and wake-up fds; a
+// new rdma_create_id in the child starts afresh. Everything is close-on-exec.
 //
 // Not validated here: the FPDU stream after the handover (the engine's),
 // IB-only parameters (retry counts, flow control), and whether the
@@ -148,8 +172,12 @@ struct CmId {
   std::uint32_t interest = 0;
 
   int backlog = 0;            // listener
-  int pending = 0;            // listener: children in startup or awaiting the application
-  CmId* listener = nullptr;   // child while it holds a backlog slot
+  int pending = 0;            // listener: children whose CONNECT_REQUEST awaits the application
+  // Listener: accept4 ran out of descriptors or memory; poll again then.
+  std::optional<TimePoint> accept_retry_at;
+  std::chrono::milliseconds accept_backoff{0};
+  CmId* listener = nullptr;   // child of a listener, until rdma_accept/rdma_reject
+  bool backlog_slot = false;  // child: counted in listener->pending
 
   mpa::MpaRole role = mpa::MpaRole::kInitiator;
   bool started = false;       // a connection was attempted
@@ -161,9 +189,13 @@ struct CmId {
   std::uint8_t request_ord = 0;
   std::vector<std::uint8_t> private_data;  // initiator: for the Request
   std::uint32_t conn_qp_num = 0;
-  ibv_qp* target_qp = nullptr;  // responder: the QP rdma_accept named
+  // Responder: the QP rdma_accept named by number (rdma_conn_param.qp_num).
+  std::optional<std::uint32_t> target_qp_num;
+  std::uint32_t own_qp_num = 0;  // pub.qp->qp_num, read when the CM created it
 
   bool mpa_done = false;
+  // kFlushing: the peer must take the last startup frame by then.
+  std::optional<TimePoint> flush_deadline;
   mpa::NegotiatedParams negotiated;
   mpa::MpaError mpa_error = mpa::MpaError::kNone;
   std::string failure;
@@ -172,10 +204,9 @@ struct CmId {
   bool peer_gone = false;     // passive: the peer left while the request was pending
 
   bool stream_bound = false;
-  // The QP that owns the stream. Only dereferenced while it is pub.qp
-  // (rdma_destroy_qp clears both); a QP the application created itself is
-  // found again by number, because it may have been destroyed behind our back.
-  ibv_qp* bound_qp = nullptr;
+  // The number of the QP that owns the stream on pub.verbs. Never a pointer:
+  // the application may destroy the QP (ibv_destroy_qp) on any thread, so
+  // the provider finds it by number under the lock its destroy takes.
   std::uint32_t bound_qp_num = 0;
   bool disconnect_posted = false;
   // The peer closed or reset the stream while the QP's CQs still held
@@ -195,6 +226,10 @@ class Core {
   // poll what the QP completed before the close, and how often the CM looks.
   static constexpr std::chrono::milliseconds kDisconnectHold{500};
   static constexpr std::chrono::milliseconds kDisconnectRecheck{1};
+  // A listener whose accept4 fails for want of descriptors or memory waits
+  // this long before it tries again, doubling up to the maximum.
+  static constexpr std::chrono::milliseconds kAcceptBackoffMin{10};
+  static constexpr std::chrono::milliseconds kAcceptBackoffMax{500};
 
   // All return 0 or a positive errno value.
   int CreateChannel(rdma_event_channel** out);
@@ -232,6 +267,11 @@ class Core {
 
   // siwx_stream_notify.event: any thread.
   static void OnStreamEvent(std::uint64_t cookie, int event, int error);
+
+  // pthread_atfork handlers (registered by Get()).
+  void BeforeFork();
+  void AfterForkInParent();
+  void AfterForkInChild();
 
  private:
   struct Linger {
@@ -274,6 +314,13 @@ class Core {
   void DriveLinger(std::uint64_t handle, const net::PollEvent& ev);
   void HandleIo(std::uint64_t cookie, const net::PollEvent& ev);
   void AcceptPending(CmId* listener);
+  void BackOffAccepting(CmId* listener, int error);
+  // A child accepted but whose MPA Request is not complete yet.
+  static bool IsHalfOpen(const CmId* id);
+  // Drops the oldest half-open connection from `peer`'s address, or of all,
+  // when a new one from `peer` would exceed a bound.
+  void MakeRoomForHalfOpen(const net::SockAddr& peer);
+  void FailFlushing(CmId* id, int error, const char* why);
   void StartInitiatorMpa(CmId* id);
   void FailConnect(CmId* id, int error);
   void Drive(CmId* id, bool hangup);
@@ -284,9 +331,9 @@ class Core {
   void OnMpaRejected(CmId* id, const mpa::NegotiatorEvent& ev);
   void OnMpaFailed(CmId* id, const mpa::NegotiatorEvent& ev);
   void FinishHandover(CmId* id);
-  void BindAndEstablish(CmId* id, ibv_qp* qp, bool post_established);
+  // `qp_num`: the QP on pub.verbs to take the stream; none in CM-only use.
+  void BindAndEstablish(CmId* id, std::optional<std::uint32_t> qp_num, bool post_established);
   void PeerClosed(CmId* id, int error);
-  ibv_qp* BoundQp(CmId* id);
   void EndBoundStream(CmId* id, bool abortive);
   void SendTerminate(CmId* id, mpa::MpaError error);
   void OnTimers(TimePoint now);
@@ -313,6 +360,9 @@ class Core {
   std::unordered_map<std::uint64_t, CmId*> by_handle_;            // mu_
   std::unordered_map<rdma_cm_event*, CmEvent*> events_;           // mu_: retrieved, not acked
   std::unordered_map<std::uint64_t, Linger> lingers_;             // mu_
+  // Handles of half-open children in accept order; entries that stopped
+  // being half-open are pruned lazily.
+  std::deque<std::uint64_t> half_open_;                           // mu_
 
   std::mutex notify_mu_;
   int notify_wake_fd_ = -1;              // notify_mu_: wake_fd_ while the loop runs

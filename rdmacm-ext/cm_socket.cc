@@ -129,6 +129,22 @@ std::string SockAddr::ToString() const {
   return "(no address)";
 }
 
+bool SameAddress(const SockAddr& a, const SockAddr& b) {
+  const SockAddr x = a.Unmapped();
+  const SockAddr y = b.Unmapped();
+  if (x.family() != y.family()) return false;
+  if (x.family() == AF_INET) {
+    return reinterpret_cast<const sockaddr_in*>(&x.storage)->sin_addr.s_addr ==
+           reinterpret_cast<const sockaddr_in*>(&y.storage)->sin_addr.s_addr;
+  }
+  if (x.family() == AF_INET6) {
+    return std::memcmp(&reinterpret_cast<const sockaddr_in6*>(&x.storage)->sin6_addr,
+                       &reinterpret_cast<const sockaddr_in6*>(&y.storage)->sin6_addr,
+                       sizeof(in6_addr)) == 0;
+  }
+  return false;
+}
+
 int OpenTcpSocket(int family, int* fd_out) {
   const int fd = socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, IPPROTO_TCP);
   if (fd < 0) return Errno();

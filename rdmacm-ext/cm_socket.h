@@ -45,6 +45,10 @@ struct SockAddr {
   std::string ToString() const;  // "1.2.3.4:5" / "[::1]:5"
 };
 
+// The same IP address, ports ignored; an IPv4-mapped IPv6 address equals
+// its IPv4 address.
+bool SameAddress(const SockAddr& a, const SockAddr& b);
+
 struct IoResult {
   enum class Status : std::uint8_t { kOk, kWouldBlock, kClosed, kError };
   Status status = Status::kOk;
@@ -61,6 +65,8 @@ int SetNoDelay(int fd);
 int BindTo(int fd, const SockAddr& addr);
 int ListenOn(int fd, int backlog);
 // A non-blocking, close-on-exec connection; EAGAIN when none is waiting.
+// EMFILE, ENFILE, ENOBUFS, ENOMEM: out of descriptors or memory; the
+// connection stays queued in the kernel.
 int AcceptOne(int listen_fd, int* fd_out);
 // 0 (connected), EINPROGRESS, or the error.
 int ConnectTo(int fd, const SockAddr& dst);

@@ -31,14 +31,14 @@ static_assert(SIWX_RTR_MESSAGE_SEND == 0 && SIWX_RTR_MESSAGE_WRITE == 1 &&
 const ProviderHandover& GetProviderHandover() {
   static const ProviderHandover handover = [] {
     ProviderHandover h;
-    h.bind = reinterpret_cast<siwx_qp_bind_stream_fn>(FindSymbol("siwx_qp_bind_stream"));
-    h.disconnect =
-        reinterpret_cast<siwx_qp_disconnect_stream_fn>(FindSymbol("siwx_qp_disconnect_stream"));
+    h.bind = reinterpret_cast<siwx_qp_bind_stream_num_fn>(FindSymbol("siwx_qp_bind_stream_num"));
+    h.disconnect = reinterpret_cast<siwx_qp_disconnect_stream_num_fn>(
+        FindSymbol("siwx_qp_disconnect_stream_num"));
     h.lookup = reinterpret_cast<siwx_qp_lookup_fn>(FindSymbol("siwx_qp_lookup"));
     h.unpolled = reinterpret_cast<siwx_qp_unpolled_completions_fn>(
         FindSymbol("siwx_qp_unpolled_completions"));
     if (h.bind == nullptr) {
-      SIWX_LOG(kInfo, "CM: the provider exports no siwx_qp_bind_stream; connections stay in "
+      SIWX_LOG(kInfo, "CM: the provider exports no siwx_qp_bind_stream_num; connections stay in "
                       "the CM (CM-only mode, no data path)");
     }
     return h;

@@ -13,9 +13,12 @@
 
 namespace siwx::cm {
 
+// By QP number throughout: the application may destroy a QP with
+// ibv_destroy_qp on any thread, so the CM never keeps an ibv_qp pointer it
+// did not create.
 struct ProviderHandover {
-  siwx_qp_bind_stream_fn bind = nullptr;
-  siwx_qp_disconnect_stream_fn disconnect = nullptr;
+  siwx_qp_bind_stream_num_fn bind = nullptr;
+  siwx_qp_disconnect_stream_num_fn disconnect = nullptr;
   siwx_qp_lookup_fn lookup = nullptr;
   siwx_qp_unpolled_completions_fn unpolled = nullptr;  // null: disconnects are never held
 };

@@ -404,23 +404,20 @@ void QpRx::OnHeader(const mpa::FpduHeaderInfo& info) {
 }
 
 bool QpRx::CheckRtr(const rdmap::DdpRdmapHeader& h) {
-  // RFC 6581 7.1: the first message must be the negotiated zero-length RTR.
-  bool match = false;
-  switch (params_.rtr_message) {
-    case RtrMessage::kSend:
-      match = h.opcode == rdmap::Opcode::kSend && h.msn == 1 && h.mo == 0 && h.last &&
-              payload_length_ == 0;
-      break;
-    case RtrMessage::kWrite:
-      match = h.opcode == rdmap::Opcode::kRdmaWrite && h.last && payload_length_ == 0;
-      break;
-    case RtrMessage::kRead: {
-      const auto* body = std::get_if<rdmap::ReadRequestBody>(&h.body);
-      match = h.opcode == rdmap::Opcode::kRdmaReadRequest && h.msn == 1 && body != nullptr &&
-              body->read_size == 0 && payload_length_ == 0;
-      break;
-    }
-  }
+  // RFC 6581 7.1: the first message must be a zero-length RTR of a type the
+  // Reply advertised (9.2: the Initiator picks one of them).
+  const unsigned mask = params_.rtr_accept_mask != 0
+                            ? params_.rtr_accept_mask
+                            : 1u << static_cast<unsigned>(params_.rtr_message);
+  auto allowed = [&](RtrMessage m) { return (mask & (1u << static_cast<unsigned>(m))) != 0; };
+  const auto* body = std::get_if<rdmap::ReadRequestBody>(&h.body);
+  const bool match =
+      (allowed(RtrMessage::kSend) && h.opcode == rdmap::Opcode::kSend && h.msn == 1 &&
+       h.mo == 0 && h.last && payload_length_ == 0) ||
+      (allowed(RtrMessage::kWrite) && h.opcode == rdmap::Opcode::kRdmaWrite && h.last &&
+       payload_length_ == 0) ||
+      (allowed(RtrMessage::kRead) && h.opcode == rdmap::Opcode::kRdmaReadRequest &&
+       h.msn == 1 && body != nullptr && body->read_size == 0 && payload_length_ == 0);
   if (!match) {
     Reject({rdmap::TerminateCause::MpaNoMatchingRtr(), /*copy_header=*/false});
     return false;

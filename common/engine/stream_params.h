@@ -85,6 +85,8 @@ struct StreamParams {
   std::size_t max_ulpdu = 0;
 
   RtrRole rtr_role = RtrRole::kNone;
+  // kSend: the RTR message to send. kAwait: the one expected when
+  // rtr_accept_mask is 0.
   RtrMessage rtr_message = RtrMessage::kSend;
 
   // Responder: send nothing before one FPDU has arrived and been validated
@@ -92,6 +94,9 @@ struct StreamParams {
   bool await_first_fpdu = false;
   // How long that wait (or the wait for the RTR) may take; 0: no limit.
   std::chrono::milliseconds first_fpdu_timeout{0};
+  // kAwait: every RTR message the Reply advertised, bit 1 << RtrMessage;
+  // the Initiator picks one of them (RFC 6581 9.2), so any may arrive.
+  std::uint8_t rtr_accept_mask = 0;
 };
 
 // The max ULPDU a stream with these parameters sends, given the TCP EMSS (0

@@ -227,6 +227,7 @@ int DestroyCq(ibv_cq* ibcq) noexcept {
 int PollCq(ibv_cq* ibcq, int num_entries, ibv_wc* wc) noexcept {
   if (num_entries < 0 || (num_entries > 0 && wc == nullptr)) return -EINVAL;
   Cq* cq = ToSiwx(ibcq);
+  if (Inherited(cq->context)) return -EPERM;
   engine::WorkCompletion batch[16];
   int done = 0;
   while (done < num_entries) {

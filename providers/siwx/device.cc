@@ -6,7 +6,10 @@
 // verbs_open_device(), which works for such devices from rdma-core v37. The
 // registered driver matches no kernel device: a kernel-less host never
 // offers one, and a host with a kernel has its own drivers for its devices.
+#include <pthread.h>
 #include <unistd.h>
+
+#include <atomic>
 
 #include <algorithm>
 #include <cerrno>
@@ -20,6 +23,18 @@
 #include "providers/siwx/provider.h"
 
 namespace siwx::provider {
+
+namespace {
+
+std::atomic<std::uint32_t> g_fork_generation{0};
+// Registered when the provider is loaded; the child of every later fork()
+// sees a new generation.
+[[maybe_unused]] const int kForkHandler = pthread_atfork(
+    nullptr, nullptr, [] { g_fork_generation.fetch_add(1, std::memory_order_relaxed); });
+
+}  // namespace
+
+std::uint32_t ForkGeneration() { return g_fork_generation.load(std::memory_order_relaxed); }
 namespace {
 
 constexpr const char* kFirmwareVersion = "siwx 0.1";
@@ -129,6 +144,7 @@ verbs_context* AllocContext(ibv_device* ibdev, int cmd_fd, void* /*private_data*
   try {
     state = std::make_unique<ContextState>();
     state->device = device;
+    state->fork_generation = ForkGeneration();
     state->async_events = EventQueue::Create(kAsyncRecordSize);
     if (state->async_events == nullptr) {
       error = errno;

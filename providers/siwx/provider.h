@@ -111,6 +111,7 @@ struct ContextState {
   std::unique_ptr<EventQueue> async_events;  // 16-byte records on ctx->async_fd
   std::mutex qp_mutex;  // guards qps; held while an event of one of them is posted
   std::unordered_map<std::uint32_t, Qp*> qps;  // guarded by qp_mutex; live QPs by qp_num
+  std::uint32_t fork_generation = 0;  // ForkGeneration() when the context was opened
   std::unique_ptr<engine::Engine> engine;
 };
 
@@ -261,6 +262,17 @@ int PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcept;
 void OnEngineEvent(Context* context, const engine::AsyncEvent& event);
 // The live QP with this qp_num, or null.
 Qp* FindQp(Context* context, std::uint32_t qp_num);
+
+// fork(): as with rdma-core's fork support, a child process must not use
+// the verbs objects it inherited. They share the parent's TCP streams (an
+// FPDU the child sent would corrupt the parent's stream) and the child has
+// none of the engine's threads. ForkGeneration() counts the forks this
+// process descends from; posting, polling and the stream handover on a
+// context opened before the latest one are refused with EPERM.
+std::uint32_t ForkGeneration();
+inline bool Inherited(const Context* context) {
+  return context->state->fork_generation != ForkGeneration();
+}
 
 // Receive WR conversion shared by post_srq_recv and post_recv:
 // EINVAL for a negative or too large num_sge or a missing sg_list.

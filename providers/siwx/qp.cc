@@ -616,6 +616,10 @@ int DestroyQp(ibv_qp* ibqp) noexcept {
 }
 
 int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
+  if (Inherited(ToSiwx(ibqp)->context)) {
+    if (bad_wr != nullptr) *bad_wr = wr;
+    return EPERM;
+  }
   engine::Qp& engine_qp = *ToSiwx(ibqp)->shared->engine;
   std::array<engine::SendWorkRequest, kPostBatch> records;
   std::array<ibv_send_wr*, kPostBatch> batch_wrs;
@@ -652,6 +656,10 @@ int PostSend(ibv_qp* ibqp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept {
 }
 
 int PostRecv(ibv_qp* ibqp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcept {
+  if (Inherited(ToSiwx(ibqp)->context)) {
+    if (bad_wr != nullptr) *bad_wr = wr;
+    return EPERM;
+  }
   engine::Qp& engine_qp = *ToSiwx(ibqp)->shared->engine;
   const std::uint32_t max_sge = engine_qp.config().rq_caps.max_sge;
   engine::ReceiveWorkRequest record;

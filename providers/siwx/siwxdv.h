@@ -113,11 +113,23 @@ struct siwx_stream_notify {
 int siwx_qp_bind_stream(struct ibv_qp *qp, int fd, const struct siwx_stream_params *params,
 			const struct siwx_stream_notify *notify);
 
+/* siwx_qp_bind_stream() for the QP numbered `qp_num` on `context`. By
+ * number, so that a caller racing the application's ibv_destroy_qp never
+ * touches a freed QP: the provider finds the QP under the lock its destroy
+ * takes, and a QP destroyed meanwhile is ENOENT (the caller keeps `fd`).
+ * The connection manager uses only this form. */
+int siwx_qp_bind_stream_num(struct ibv_context *context, uint32_t qp_num, int fd,
+			    const struct siwx_stream_params *params,
+			    const struct siwx_stream_notify *notify);
+
 /* rdma_disconnect() for a bound QP: with abortive = 0, finish what is queued,
  * send FIN and move to CLOSING (the iWARP meaning of IBV_QPS_SQD); with
  * abortive = 1, reset the connection (RST) and move to ERROR. The notify
  * callback reports the end. 0, EINVAL (no stream bound). */
 int siwx_qp_disconnect_stream(struct ibv_qp *qp, int abortive);
+/* The same by number, as siwx_qp_bind_stream_num(): ENOENT when the QP is
+ * gone (and with it the stream). */
+int siwx_qp_disconnect_stream_num(struct ibv_context *context, uint32_t qp_num, int abortive);
 
 /* How many successful completions of the QP numbered `qp_num` on `context`
  * its CQs still hold, not yet polled, in `*count`. By number, so that a
@@ -136,6 +148,10 @@ struct ibv_qp *siwx_qp_lookup(struct ibv_context *context, uint32_t qp_num);
 typedef int (*siwx_qp_bind_stream_fn)(struct ibv_qp *, int, const struct siwx_stream_params *,
 				      const struct siwx_stream_notify *);
 typedef int (*siwx_qp_disconnect_stream_fn)(struct ibv_qp *, int);
+typedef int (*siwx_qp_bind_stream_num_fn)(struct ibv_context *, uint32_t, int,
+					  const struct siwx_stream_params *,
+					  const struct siwx_stream_notify *);
+typedef int (*siwx_qp_disconnect_stream_num_fn)(struct ibv_context *, uint32_t, int);
 typedef struct ibv_qp *(*siwx_qp_lookup_fn)(struct ibv_context *, uint32_t);
 typedef int (*siwx_qp_unpolled_completions_fn)(struct ibv_context *, uint32_t, uint32_t *);
 

@@ -132,6 +132,10 @@ int DestroySrq(ibv_srq* ibsrq) noexcept {
 }
 
 int PostSrqRecv(ibv_srq* ibsrq, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcept {
+  if (Inherited(ToSiwx(ibsrq)->context)) {
+    if (bad_wr != nullptr) *bad_wr = wr;
+    return EPERM;
+  }
   engine::ReceiveQueue& queue = *ToSiwx(ibsrq)->queue;
   engine::ReceiveWorkRequest record;
   for (ibv_recv_wr* current = wr; current != nullptr; current = current->next) {

@@ -1,5 +1,6 @@
 // siwxdv.h: the connection manager hands a connected, MPA-negotiated TCP
-// socket to a QP (siwx_qp_bind_stream), ends it (siwx_qp_disconnect_stream),
+// socket to a QP (siwx_qp_bind_stream_num), ends it
+// (siwx_qp_disconnect_stream_num),
 // counts what its CQs still hold for it (siwx_qp_unpolled_completions) and
 // finds QPs by number (siwx_qp_lookup). Translation only: the engine QP
 // does the binding (engine::Qp::Bind) and reports the stream's end through
@@ -20,9 +21,6 @@
 // SIWX_MPA_FIRST_FPDU=strict: held back, a responder that speaks first
 // (ib_write_lat -R: the server writes first) deadlocks against an initiator
 // waiting for it, and Linux siw does not hold back either.
-// Accepted although engine::StreamParams cannot express it yet: an RTR
-// accept mask with more than one type (the engine expects one message; the
-// one our own Initiator prefers, Write, then Read, then Send, is chosen).
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -107,20 +105,12 @@ int ToEngine(const siwx_stream_params& in, engine::StreamParams* out) {
       const unsigned mask = in.rtr_accept_mask;
       if (mask == 0 || (mask & ~kAll) != 0) return EINVAL;
       out->rtr_role = engine::RtrRole::kAwait;
-      if ((mask & SIWX_RTR_MASK_WRITE) != 0) {
-        out->rtr_message = engine::RtrMessage::kWrite;
-      } else if ((mask & SIWX_RTR_MASK_READ) != 0) {
-        out->rtr_message = engine::RtrMessage::kRead;
-      } else {
-        out->rtr_message = engine::RtrMessage::kSend;
-      }
-      if ((mask & (mask - 1)) != 0) {
-        SIWX_LOG(kInfo, "RTR accept mask 0x%x: the engine expects one RTR type; it waits for "
-                        "the zero-length %s", mask,
-                 out->rtr_message == engine::RtrMessage::kWrite  ? "RDMA Write"
-                 : out->rtr_message == engine::RtrMessage::kRead ? "RDMA Read"
-                                                                 : "Send");
-      }
+      // Any advertised type may arrive: the Initiator chose (RFC 6581 9.2).
+      // SIWX_RTR_MASK_* bits are 1 << RtrMessage (static_asserts above).
+      out->rtr_accept_mask = static_cast<std::uint8_t>(mask);
+      out->rtr_message = (mask & SIWX_RTR_MASK_WRITE) != 0  ? engine::RtrMessage::kWrite
+                         : (mask & SIWX_RTR_MASK_READ) != 0 ? engine::RtrMessage::kRead
+                                                            : engine::RtrMessage::kSend;
       break;
     }
     default:
@@ -137,18 +127,48 @@ bool IsStreamSocket(int fd) {
   return ::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_STREAM;
 }
 
-int Bind(Qp* qp, int fd, const siwx_stream_params* raw, const siwx_stream_notify* notify) {
+// The engine QP numbered `qp_num` on `context`, kept alive by the reference
+// even if the application destroys the QP meanwhile; null if there is none.
+// Under qp_mutex: DestroyQp takes the QP out of the map before it frees it.
+std::shared_ptr<engine::Qp> EngineQp(Context* context, std::uint32_t qp_num) {
+  ContextState* state = context->state;
+  if (state == nullptr) return nullptr;
+  std::lock_guard<std::mutex> lock(state->qp_mutex);
+  const auto it = state->qps.find(qp_num);
+  return it == state->qps.end() ? nullptr : it->second->shared->engine;
+}
+
+// Sets (or, with `notify` null, clears) the QP's stream notify, if the QP
+// numbered `qp_num` is still the one behind `engine_qp`. False if it is gone.
+bool SetNotify(Context* context, std::uint32_t qp_num, const engine::Qp* engine_qp,
+               const siwx_stream_notify* notify) {
+  ContextState* state = context->state;
+  std::lock_guard<std::mutex> lock(state->qp_mutex);
+  const auto it = state->qps.find(qp_num);
+  if (it == state->qps.end() || it->second->shared->engine.get() != engine_qp) return false;
+  QpShared& shared = *it->second->shared;
+  std::lock_guard<std::mutex> shared_lock(shared.mutex);
+  shared.notify_pending = notify != nullptr && notify->event != nullptr;
+  shared.notify = notify != nullptr ? *notify : siwx_stream_notify{};
+  return true;
+}
+
+// By number throughout, never through a Qp pointer: the application may
+// destroy the QP with ibv_destroy_qp on another thread at any moment.
+int Bind(Context* context, std::uint32_t qp_num, int fd, const siwx_stream_params* raw,
+         const siwx_stream_notify* notify) {
   siwx_stream_params in;
   if (int error = ReadParams(raw, &in); error != 0) return error;
   engine::StreamParams params;
   if (int error = ToEngine(in, &params); error != 0) return error;
   if (fd < 0 || !IsStreamSocket(fd)) return EINVAL;
-  QpShared& shared = *qp->shared;
-  engine::Qp& engine_qp = *shared.engine;
-  const engine::QpState state = engine_qp.state();
+  if (Inherited(context)) return EPERM;
+  const std::shared_ptr<engine::Qp> engine_qp = EngineQp(context, qp_num);
+  if (engine_qp == nullptr) return ENOENT;
+  const engine::QpState state = engine_qp->state();
   if (state == engine::QpState::kError) return EINVAL;
   if (state != engine::QpState::kInit && state != engine::QpState::kRtr) {
-    return engine_qp.Query().bound ? EBUSY : EINVAL;
+    return engine_qp->Query().bound ? EBUSY : EINVAL;
   }
   const int own_fd = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
   if (own_fd < 0) return errno == EMFILE || errno == ENFILE ? errno : ENOMEM;
@@ -157,32 +177,45 @@ int Bind(Qp* qp, int fd, const siwx_stream_params* raw, const siwx_stream_notify
     ::close(own_fd);
     return ENOMEM;
   }
-  {
-    std::lock_guard<std::mutex> lock(shared.mutex);
-    shared.notify_pending = notify != nullptr && notify->event != nullptr;
-    shared.notify = notify != nullptr ? *notify : siwx_stream_notify{};
-  }
+  if (!SetNotify(context, qp_num, engine_qp.get(), notify)) return ENOENT;
   engine::BindStatus status;
   try {
-    status = engine_qp.Bind(std::move(stream), params);
+    status = engine_qp->Bind(std::move(stream), params);
   } catch (...) {
     status = engine::BindStatus::kInvalidState;
   }
   if (status != engine::BindStatus::kOk) {
-    {
-      std::lock_guard<std::mutex> lock(shared.mutex);
-      shared.notify_pending = false;
-    }
+    if (!SetNotify(context, qp_num, engine_qp.get(), nullptr)) return ENOENT;
     // A concurrent bind won the race: EBUSY, as if it had come first.
     const bool other_stream =
-        engine_qp.state() != engine::QpState::kError && engine_qp.Query().bound;
+        engine_qp->state() != engine::QpState::kError && engine_qp->Query().bound;
     if (status == engine::BindStatus::kInvalidState && other_stream) return EBUSY;
     return EINVAL;
   }
   ::close(fd);  // the QP's duplicate keeps the connection
   SIWX_LOG(kDebug, "QP %u bound to a stream (crc %d, markers tx %d rx %d, ird %u, ord %u, rtr %u)",
-           qp->vqp.qp.qp_num, in.crc, in.tx_markers, in.rx_markers, in.ird, in.ord,
+           qp_num, in.crc, in.tx_markers, in.rx_markers, in.ird, in.ord,
            static_cast<unsigned>(in.rtr_role));
+  return 0;
+}
+
+int Disconnect(Context* context, std::uint32_t qp_num, int abortive) {
+  if (Inherited(context)) return EPERM;
+  const std::shared_ptr<engine::Qp> engine_qp = EngineQp(context, qp_num);
+  if (engine_qp == nullptr) return ENOENT;
+  if (!engine_qp->Query().bound) return EINVAL;
+  try {
+    if (abortive != 0) {
+      // ERR resets the connection (RST) and flushes (qp_state.h).
+      engine_qp->Modify(engine::QpState::kError);
+    } else {
+      // SQD: FIN after what is queued. A stream that is already ending
+      // (SQD, SQE, ERR) needs nothing more.
+      engine_qp->Disconnect();
+    }
+  } catch (...) {
+    return ENOMEM;
+  }
   return 0;
 }
 
@@ -197,27 +230,25 @@ int siwx_qp_bind_stream(ibv_qp* ibqp, int fd, const siwx_stream_params* params,
                         const siwx_stream_notify* notify) {
   Qp* qp = siwx::provider::OurQp(ibqp);
   if (qp == nullptr) return EINVAL;
-  return siwx::provider::Bind(qp, fd, params, notify);
+  return siwx::provider::Bind(qp->context, ibqp->qp_num, fd, params, notify);
+}
+
+int siwx_qp_bind_stream_num(ibv_context* context, uint32_t qp_num, int fd,
+                            const siwx_stream_params* params, const siwx_stream_notify* notify) {
+  if (!siwx::provider::IsSiwxContext(context)) return EINVAL;
+  return siwx::provider::Bind(siwx::provider::ToSiwx(context), qp_num, fd, params, notify);
 }
 
 int siwx_qp_disconnect_stream(ibv_qp* ibqp, int abortive) {
   Qp* qp = siwx::provider::OurQp(ibqp);
   if (qp == nullptr) return EINVAL;
-  siwx::engine::Qp& engine_qp = *qp->shared->engine;
-  if (!engine_qp.Query().bound) return EINVAL;
-  try {
-    if (abortive != 0) {
-      // ERR resets the connection (RST) and flushes (qp_state.h).
-      engine_qp.Modify(siwx::engine::QpState::kError);
-    } else {
-      // SQD: FIN after what is queued. A stream that is already ending
-      // (SQD, SQE, ERR) needs nothing more.
-      engine_qp.Disconnect();
-    }
-  } catch (...) {
-    return ENOMEM;
-  }
-  return 0;
+  const int rc = siwx::provider::Disconnect(qp->context, ibqp->qp_num, abortive);
+  return rc == ENOENT ? EINVAL : rc;
+}
+
+int siwx_qp_disconnect_stream_num(ibv_context* context, uint32_t qp_num, int abortive) {
+  if (!siwx::provider::IsSiwxContext(context)) return EINVAL;
+  return siwx::provider::Disconnect(siwx::provider::ToSiwx(context), qp_num, abortive);
 }
 
 int siwx_qp_unpolled_completions(ibv_context* context, uint32_t qp_num, uint32_t* count) {

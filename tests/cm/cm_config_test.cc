@@ -113,6 +113,27 @@ TEST(CmConfig, Timeouts) {
             "SIWX_MPA_TIMEOUT_MS='0' is not a number of milliseconds in 1..600000 (using 10000)");
 }
 
+TEST(CmConfig, HalfOpenBounds) {
+  const CmConfig d = Parse({});
+  EXPECT_EQ(d.half_open_max, 256u);
+  EXPECT_EQ(d.half_open_per_source, 32u);
+  const CmConfig c =
+      Parse({{"SIWX_CM_HALF_OPEN_MAX", "1000"}, {"SIWX_CM_HALF_OPEN_PER_SOURCE", "7"}});
+  EXPECT_TRUE(c.problems.empty());
+  EXPECT_EQ(c.half_open_max, 1000u);
+  EXPECT_EQ(c.half_open_per_source, 7u);
+  // The per-source bound never exceeds the total.
+  const CmConfig t = Parse({{"SIWX_CM_HALF_OPEN_MAX", "4"}});
+  EXPECT_EQ(t.half_open_per_source, 4u);
+  for (const char* bad : {"0", "65537", "-1", "ten"}) {
+    const CmConfig b = Parse({{"SIWX_CM_HALF_OPEN_PER_SOURCE", bad}});
+    EXPECT_EQ(b.half_open_per_source, 32u) << bad;
+    ASSERT_EQ(b.problems.size(), 1u) << bad;
+  }
+  EXPECT_EQ(Parse({{"SIWX_CM_HALF_OPEN_MAX", "0"}}).problems[0],
+            "SIWX_CM_HALF_OPEN_MAX='0' is not a number in 1..65536 (using 256)");
+}
+
 TEST(CmConfig, NegotiatorConfigForEachRole) {
   MpaOptions o;
   o.crc = Policy::kRequire;

@@ -584,6 +584,65 @@ TEST_F(CmDevice, LargeFpdusOnlyWhereBothEndsAgreed) {
   ExpectNoLeaks();
 }
 
+// RFC 6581 9.2: "For each initiator-supported RTR indication option, the
+// responder SHOULD set the corresponding Control Flag if the responder can
+// support that option"; the Initiator chooses one of them (1.1) and sends it
+// as its first FPDU. A raw Initiator offers Write and Read; our Reply
+// advertises both; the raw peer picks Read (as cxgb4 does by default), and
+// our QP must answer it with a zero-length Read Response, not refuse it.
+TEST_F(CmDevice, PeerToPeerResponderTakesTheRtrTheInitiatorPicked) {
+  if (dlsym(RTLD_DEFAULT, "siwx_qp_bind_stream_num") == nullptr) {
+    GTEST_SKIP() << "the provider does not take streams (CM-only mode)";
+  }
+  Listener l;
+  l.Start();
+  Fd raw = RawConnect(l.port);
+  // v2 Request: A | IRD 1, C (Write) | D (Read) | ORD 1.
+  WriteAll(raw, Frame(RequestKey(), 0x1002, 4, IrdOrd(0x8001, 0xC001)));
+  const EventCopy req = Expect(l.channel, RDMA_CM_EVENT_CONNECT_REQUEST);
+  ASSERT_NE(req.id, nullptr);
+  ibv_qp_init_attr attr = SmallRcQpAttr();
+  if (!CreateQp(req.id, &attr)) {
+    if (provider_missing_) GTEST_SKIP() << "the provider does not create CQs/QPs yet";
+    return;
+  }
+  ASSERT_EQ(rdma_accept(req.id, nullptr), 0);
+  // The Reply advertises both types: A | IRD 1, C | D | ORD 1.
+  EXPECT_EQ(ReadN(raw, 24), Frame(ReplyKey(), 0x1002, 4, IrdOrd(0x8001, 0xC001)));
+  Expect(l.channel, RDMA_CM_EVENT_ESTABLISHED);
+  // The zero-length RDMA Read Request RTR (RFC 5040 4.4, RFC 6581 7.1).
+  const Bytes read_rtr = {
+      0x00, 0x2E,              // ULPDU_Length 46: 18 untagged header + 28 body
+      0x41,                    // DDP: untagged, L = 1, DV = 1
+      0x41,                    // RDMAP: RV = 1, opcode 0x1 Read Request
+      0x00, 0x00, 0x00, 0x00,  // reserved
+      0x00, 0x00, 0x00, 0x01,  // QN 1
+      0x00, 0x00, 0x00, 0x01,  // MSN 1
+      0x00, 0x00, 0x00, 0x00,  // MO 0
+      0x00, 0x00, 0x12, 0x34,  // Data Sink STag
+      0, 0, 0, 0, 0, 0, 0, 0,  // Data Sink Tagged Offset
+      0x00, 0x00, 0x00, 0x00,  // RDMA Read Message Size 0
+      0x00, 0x00, 0x00, 0x00,  // Data Source STag
+      0, 0, 0, 0, 0, 0, 0, 0,  // Data Source Tagged Offset
+      0x00, 0x00, 0x00, 0x00,  // CRC field: CRC not negotiated
+  };
+  WriteAll(raw, read_rtr);
+  const Bytes answer = ReadN(raw, 20);
+  ASSERT_EQ(answer.size(), 20u) << "no answer to the Read RTR";
+  EXPECT_EQ(answer[0], 0x00);
+  EXPECT_EQ(answer[1], 0x0E) << "not a zero-length Read Response (0x16 is a Terminate)";
+  EXPECT_EQ(answer[2], 0xC1);  // DDP: tagged, L = 1, DV = 1
+  EXPECT_EQ(answer[3], 0x42);  // RDMAP: RV = 1, opcode 0x2 Read Response
+  EXPECT_EQ(Bytes(answer.begin() + 4, answer.begin() + 8), (Bytes{0x00, 0x00, 0x12, 0x34}));
+  EXPECT_EQ(Info(req.id).rtr_mask, SIWX_RTR_MASK_WRITE | SIWX_RTR_MASK_READ);
+  raw.Reset();
+  Expect(l.channel, RDMA_CM_EVENT_DISCONNECTED, 5000ms);
+  rdma_destroy_qp(req.id);
+  EXPECT_EQ(rdma_destroy_id(req.id), 0);
+  l.Stop();
+  ExpectNoLeaks();
+}
+
 // RFC 6581 7.1 and RFC 5044 7.1.2 rules 4 and 10: a peer-to-peer responder
 // sends nothing until the initiator's RTR, and waits for it at most the MPA
 // timeout. An initiator that completes the MPA exchange and then goes

@@ -691,6 +691,18 @@ TEST_F(ErrorTest, WrongFirstMessageWhileAwaitingRtr) {
   ExpectFlushedReceives(11, 1);
 }
 
+// A type the Reply did not advertise is still refused (RFC 6581 9.2).
+TEST_F(ErrorTest, RtrOfATypeNotAdvertised) {
+  StreamParams p;
+  p.rtr_role = RtrRole::kAwait;
+  p.rtr_message = RtrMessage::kWrite;
+  p.rtr_accept_mask = (1u << static_cast<unsigned>(RtrMessage::kWrite)) |
+                      (1u << static_cast<unsigned>(RtrMessage::kRead));
+  link_ = std::make_unique<RawLink>(node_, LinkOptions{}, Transport::kSocketPair, p, true);
+  peer().SendHeader(SendHeaderOf(1, 0));  // a zero-length Send RTR: not advertised
+  ExpectTerminated({TerminateCause::MpaNoMatchingRtr(), {}, 0, {}}, AsyncEventType::kQpFatal);
+}
+
 // ---- The peer's Terminate ----
 
 TEST_F(ErrorTest, ReceivedTerminateFailsTheReadItNamesAndFlushesTheRest) {

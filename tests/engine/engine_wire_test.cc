@@ -446,6 +446,42 @@ TEST(EngineWire, AwaitingReadRtrAnswersWithZeroLengthResponse) {
   EXPECT_TRUE(StaysEmpty(*node.recv_cq, std::chrono::milliseconds(10)));
 }
 
+// RFC 6581 9.2: "For each initiator-supported RTR indication option, the
+// responder SHOULD set the corresponding Control Flag if the responder can
+// support that option"; the Initiator then chooses one of them (1.1). So a
+// Responder whose Reply advertised Write and Read must take either RTR, not
+// only the one it would have preferred (a cxgb4 Initiator sends Read).
+TEST(EngineWire, AwaitingRtrTakesAnyAdvertisedType) {
+  for (RtrMessage m : {RtrMessage::kWrite, RtrMessage::kRead}) {
+    SCOPED_TRACE(static_cast<int>(m));
+    Node node;
+    StreamParams p;
+    p.rtr_role = RtrRole::kAwait;
+    p.rtr_message = RtrMessage::kWrite;  // the preferred one
+    p.rtr_accept_mask = (1u << static_cast<unsigned>(RtrMessage::kWrite)) |
+                        (1u << static_cast<unsigned>(RtrMessage::kRead));
+    p.ird = 1;
+    RawLink link(node, LinkOptions{}, Transport::kSocketPair, p, true);
+    ASSERT_EQ(node.qp->PostSend(MakeSend(1, SendOpcode::kSend)), PostStatus::kOk);
+    if (m == RtrMessage::kWrite) {
+      link.peer->SendHeader(WriteHeader(0x1234, 0));
+    } else {
+      rdmap::ReadRequestBody body;
+      body.sink_stag = 0x42;
+      link.peer->SendHeader(ReadRequestOf(1, body));
+    }
+    // A Read RTR is answered first; then the Send held back behind the RTR.
+    const std::size_t expected = m == RtrMessage::kRead ? 2 : 1;
+    ASSERT_TRUE(link.peer->WaitSegments(expected));
+    if (m == RtrMessage::kRead) {
+      EXPECT_EQ(link.peer->segments()[0].decoded.header.opcode,
+                rdmap::Opcode::kRdmaReadResponse);
+    }
+    EXPECT_EQ(link.peer->segments()[expected - 1].decoded.header.opcode, rdmap::Opcode::kSend);
+    EXPECT_EQ(node.qp->state(), QpState::kRts);
+  }
+}
+
 TEST(EngineWire, AwaitingSendRtrConsumesNoReceive) {
   Node node;
   StreamParams p;
