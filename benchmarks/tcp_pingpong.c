@@ -3,7 +3,7 @@
  * connection with TCP_NODELAY bounce a message of --size octets --iters
  * times; the client times every round trip and prints the half round trip
  * (what ib_send_lat and ib_write_lat report) as a median and a 99th
- * percentile, on one line that benchmarks/apps_vs_tcp.sh reads:
+ * percentile, on one line that perftest-configs/run reads:
  *
  *   tcp_pingpong mode=busy size=8 iters=5000 half_rtt_median_us=... half_rtt_p99_us=...
  *
