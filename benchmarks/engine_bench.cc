@@ -47,8 +47,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -126,6 +126,10 @@ void PrintRow(const Row& r) {
     std::printf("  FAIL x%zu", r.failures.size());
   }
   std::printf("\n");
+}
+
+void PrintRowFailures(const Row& r) {
+  for (const std::string& f : r.failures) std::printf("  %s: %s\n", r.name.c_str(), f.c_str());
 }
 
 // ---------------------------------------------------------------------------
@@ -223,6 +227,266 @@ bool ParseOptions(int argc, char** argv, Options* o) {
 }
 
 // ---------------------------------------------------------------------------
+// Bandwidth rows: Gb/s, CPU per GB and (except for 1b) CPU per message, and
+// the stream diagnostics. rows_[0] is (1), rows_[1] is (1b), rows_[2 + i] is
+// configs_[i].
+
+class BandwidthTable {
+ public:
+  explicit BandwidthTable(const Options& o) {
+    configs_ = {
+        {"siwx Write, MULPDU from EMSS, CRC off", false, MulpduChoice::kFromEmss},
+        {"siwx Write, MULPDU from EMSS, CRC on", true, MulpduChoice::kFromEmss},
+        {"siwx Write, large FPDUs, CRC off", false, MulpduChoice::kLarge},
+        {"siwx Write, large FPDUs, CRC on", true, MulpduChoice::kLarge},
+    };
+    if (o.ethernet_rows) {
+      // CRC on: hardware peers normally negotiate it.
+      configs_.push_back({"siwx Write, MULPDU for EMSS 1448, CRC on", true,
+                          MulpduChoice::kEthernet});
+    }
+    if (!o.filter.empty()) {
+      std::erase_if(configs_, [&](const BwConfig& c) {
+        return std::string_view(c.label).find(o.filter) == std::string_view::npos;
+      });
+    }
+    rows_.resize(kFirstSiwxRow + configs_.size());
+    Init(rows_[0], "(1) TCP stream, blocking writes", o.msg_size, "reference", "");
+    Init(rows_[1], "(1b) TCP stream, blocking writes", kLargeWriteSize, "info", "x (1)");
+    rows_[1].per_msg_row = false;
+    for (std::size_t i = 0; i < configs_.size(); ++i) {
+      std::string goal = "info";
+      if (configs_[i].mulpdu != MulpduChoice::kEthernet) {
+        goal = configs_[i].crc ? ">= 0.90" : ">= 0.95";
+      }
+      Init(rows_[kFirstSiwxRow + i], std::string("(2) ") + configs_[i].label, o.msg_size, goal,
+           "x (1)");
+    }
+  }
+
+  // Runs every row once; false if a run failed.
+  bool RunRound(const Options& o, int rep) {
+    const auto seed = static_cast<std::uint32_t>(rep * 16 + 1);
+    const BwResult tcp = RunTcpStream(o, o.msg_size);
+    bool ok = Record(rep, rows_[0], tcp, nullptr);
+    ok &= Record(rep, rows_[1], RunTcpStream(o, kLargeWriteSize), &tcp);
+    for (std::size_t i = 0; i < configs_.size(); ++i) {
+      ok &= Record(rep, rows_[kFirstSiwxRow + i],
+                   RunSiwxStream(o, configs_[i], seed + static_cast<std::uint32_t>(i)), &tcp);
+    }
+    return ok;
+  }
+
+  void Print() const {
+    for (const Rows& r : rows_) {
+      PrintRow(r.gbps);
+      PrintRow(r.per_gb);
+      if (r.per_msg_row) PrintRow(r.per_msg);
+    }
+  }
+
+  void PrintDiagnostics() const {
+    std::printf(
+        "\nStream diagnostics (medians over the measured windows):\n"
+        "  cores       process CPU, all threads of both ends\n"
+        "  app         the application thread alone: it posts, transmits inline and polls the\n"
+        "              CQ (busy-polls, ib_write_bw style, unless --use-event)\n"
+        "  cs/msg      context switches of the process per message\n"
+        "  engine QP counters: FPDUs per message and per sendmsg, sendmsg calls that found\n"
+        "  the socket full (EAGAIN), recvmsg calls per FPDU, and the share of payload copied\n"
+        "  from the staging buffer instead of placed directly\n");
+    std::printf("%-44s %6s %6s %8s %8s %8s %9s %10s %11s %7s\n", "row", "cores", "app",
+                "cs/msg", "maxULPDU", "FPDU/msg", "FPDU/call", "EAGAIN/msg", "rxcall/FPDU",
+                "staged");
+    for (std::size_t i = 0; i < rows_.size(); ++i) {
+      const Rows& r = rows_[i];
+      if (r.cores.empty()) continue;
+      if (i < kFirstSiwxRow) {
+        std::printf("%-44s %6.2f %6s %8.2f\n", r.label.c_str(), Summarize(r.cores).median, "",
+                    Summarize(r.switches).median);
+        continue;
+      }
+      std::printf("%-44s %6.2f %6.2f %8.2f %8.0f %8.2f %9.2f %10.3f %11.2f %6.1f%%\n",
+                  r.label.c_str(), Summarize(r.cores).median,
+                  Summarize(r.app_cores).median, Summarize(r.switches).median,
+                  Summarize(r.max_ulpdu).median,
+                  Summarize(r.fpdus_per_msg).median,
+                  Summarize(r.fpdus_per_sendmsg).median, Summarize(r.would_block).median,
+                  Summarize(r.rx_calls).median, 100 * Summarize(r.staged).median);
+    }
+  }
+
+  void PrintFailures() const {
+    for (const Rows& r : rows_) PrintRowFailures(r.gbps);
+  }
+
+ private:
+  static constexpr std::size_t kFirstSiwxRow = 2;
+
+  struct Rows {
+    std::string label;  // for the diagnostics table
+    bool per_msg_row = true;
+    Row gbps, per_gb, per_msg;
+    std::vector<double> cores, app_cores, switches, max_ulpdu, fpdus_per_msg, fpdus_per_sendmsg,
+        would_block, rx_calls, staged;
+  };
+
+  static void Init(Rows& r, const std::string& name, std::size_t size, const std::string& goal,
+                   const std::string& ratio_note) {
+    r.label = name;
+    r.gbps.name = name + ", " + std::to_string(size / 1024) + " KiB";
+    r.gbps.unit = "Gb/s";
+    r.gbps.goal = goal;
+    r.per_gb.name = "  CPU per GB moved (both ends)";
+    r.per_gb.unit = "core-s/GB";
+    r.per_gb.precision = 3;
+    r.per_msg.name = "  CPU per message (both ends)";
+    r.per_msg.unit = "us";
+    for (Row* row : {&r.gbps, &r.per_gb, &r.per_msg}) row->ratio_note = ratio_note;
+  }
+
+  // Adds one round's result (and its ratios to `ref`); false if it failed.
+  static bool Record(int rep, Rows& rows, const BwResult& r, const BwResult* ref) {
+    if (!r.ok) {
+      rows.gbps.failures.push_back(r.error);
+      std::printf("  [round %d] %s: FAIL: %s\n", rep + 1, rows.gbps.name.c_str(),
+                  r.error.c_str());
+      return false;
+    }
+    rows.gbps.values.push_back(r.gbps);
+    rows.per_gb.values.push_back(r.cpu_s_per_gb);
+    rows.per_msg.values.push_back(r.cpu_us_per_msg);
+    rows.gbps.foreign.push_back(r.foreign_cores);
+    if (ref != nullptr && ref->ok) {
+      rows.gbps.ratios.push_back(r.gbps / ref->gbps);
+      rows.per_gb.ratios.push_back(r.cpu_s_per_gb / ref->cpu_s_per_gb);
+      rows.per_msg.ratios.push_back(r.cpu_us_per_msg / ref->cpu_us_per_msg);
+    }
+    rows.cores.push_back(r.cores);
+    rows.app_cores.push_back(r.app_cores);
+    rows.switches.push_back(r.switches_per_msg);
+    rows.max_ulpdu.push_back(static_cast<double>(r.max_ulpdu));
+    rows.fpdus_per_msg.push_back(r.fpdus_per_msg);
+    rows.fpdus_per_sendmsg.push_back(r.fpdus_per_sendmsg);
+    rows.would_block.push_back(r.tx_would_block_per_msg);
+    rows.rx_calls.push_back(r.rx_syscalls_per_fpdu);
+    rows.staged.push_back(r.rx_staged_fraction);
+    std::printf("  [round %d] %-52s %7.2f Gb/s  %.2f cores  foreign %.2f\n", rep + 1,
+                rows.gbps.name.c_str(), r.gbps, r.cores, r.foreign_cores);
+    std::fflush(stdout);
+    return true;
+  }
+
+  std::vector<BwConfig> configs_;
+  std::vector<Rows> rows_;
+};
+
+// ---------------------------------------------------------------------------
+// Latency rows: half round trip, p99 and CPU per round trip of (3), (3b),
+// (3c) and (4), and the siwx rows' ratios to each TCP variant.
+
+class LatencyTable {
+ public:
+  LatencyTable() {
+    for (int i = 0; i < kLatRows; ++i) {
+      lat_[i].name = std::string(kNames[i]) + ", 1/2 RTT";
+      lat_[i].unit = "us";
+      p99_[i].name = "  p99 1/2 RTT";
+      p99_[i].unit = "us";
+      cpu_[i].name = "  CPU per round trip (both ends)";
+      cpu_[i].unit = "us";
+    }
+    lat_[kSiwxOff].ratio_note = lat_[kSiwxOn].ratio_note = "x (3)";
+    lat_[kSiwxOff].goal = lat_[kSiwxOn].goal = "<= 1.5; <= 17 us";
+    // The fair comparison: the same thread structure without the engine.
+    for (int k = 0; k < 2; ++k) {
+      vs_same_[k].name = std::string("  ") + (k == 0 ? "CRC off" : "CRC on") +
+                         ": siwx / same-threading TCP (3b)";
+      vs_same_[k].ratio_note = "x (3b)";
+      vs_same_[k].goal = "info (fair cmp)";
+      vs_busy_[k].name = std::string("  ") + (k == 0 ? "CRC off" : "CRC on") +
+                         ": siwx / busy-poll TCP floor (3c)";
+      vs_busy_[k].ratio_note = "x (3c)";
+      vs_busy_[k].goal = "<= 5 (anchors 3.2)";
+    }
+  }
+
+  // Runs every row once; false if a run failed.
+  bool RunRound(const Options& o, int rep) {
+    std::array<LatResult, kLatRows> res;
+    res[kTcpBlocking] = RunTcpPingPong(o, TcpPingMode::kBlocking);
+    res[kTcpSameThreading] = RunTcpSameThreading(o);
+    res[kTcpBusy] = RunTcpPingPong(o, TcpPingMode::kBusy);
+    res[kSiwxOff] = RunSiwxPingPong(o, false);
+    res[kSiwxOn] = RunSiwxPingPong(o, true);
+    bool ok = true;
+    for (int i = 0; i < kLatRows; ++i) {
+      const LatResult& r = res[i];
+      if (!r.ok) {
+        lat_[i].failures.push_back(r.error);
+        ok = false;
+        std::printf("  [round %d] %s: FAIL: %s\n", rep + 1, lat_[i].name.c_str(),
+                    r.error.c_str());
+        continue;
+      }
+      lat_[i].values.push_back(r.median_us);
+      lat_[i].foreign.push_back(r.foreign_cores);
+      p99_[i].values.push_back(r.p99_us);
+      cpu_[i].values.push_back(r.cpu_us_per_rtt);
+      std::printf("  [round %d] %-60s %7.2f us  p99 %8.2f  n %6zu  foreign %.2f\n",
+                  rep + 1, kNames[i], r.median_us, r.p99_us, r.samples, r.foreign_cores);
+    }
+    for (int k = 0; k < 2; ++k) {
+      const LatResult& s = res[kSiwxOff + k];
+      if (!s.ok) continue;
+      if (res[kTcpBlocking].ok) {
+        lat_[kSiwxOff + k].ratios.push_back(s.median_us / res[kTcpBlocking].median_us);
+      }
+      if (res[kTcpSameThreading].ok) {
+        vs_same_[k].ratios.push_back(s.median_us / res[kTcpSameThreading].median_us);
+      }
+      if (res[kTcpBusy].ok) {
+        vs_busy_[k].ratios.push_back(s.median_us / res[kTcpBusy].median_us);
+      }
+    }
+    std::fflush(stdout);
+    return ok;
+  }
+
+  void Print() const {
+    for (int i = 0; i < kLatRows; ++i) {
+      PrintRow(lat_[i]);
+      PrintRow(p99_[i]);
+      PrintRow(cpu_[i]);
+      if (i == kSiwxOff || i == kSiwxOn) {
+        PrintRow(vs_same_[i - kSiwxOff]);
+        PrintRow(vs_busy_[i - kSiwxOff]);
+      }
+    }
+  }
+
+  void PrintFailures() const {
+    for (const Row& r : lat_) PrintRowFailures(r);
+  }
+
+ private:
+  enum LatIndex { kTcpBlocking, kTcpSameThreading, kTcpBusy, kSiwxOff, kSiwxOn, kLatRows };
+  static constexpr const char* kNames[kLatRows] = {
+      "(3) TCP ping-pong 8 B, blocking, 2 threads",
+      "(3b) TCP 8 B, same threading as (4) (app spins, agent recv)",
+      "(3c) TCP ping-pong 8 B, busy-poll recv (floor)",
+      "(4) siwx 8 B Write ping-pong, CRC off",
+      "(4) siwx 8 B Write ping-pong, CRC on",
+  };
+
+  std::array<Row, kLatRows> lat_;
+  std::array<Row, kLatRows> p99_;
+  std::array<Row, kLatRows> cpu_;
+  std::array<Row, 2> vs_same_;
+  std::array<Row, 2> vs_busy_;
+};
+
+// ---------------------------------------------------------------------------
 
 int Main(int argc, char** argv) {
   Options o;
@@ -240,176 +504,13 @@ int Main(int argc, char** argv) {
   std::printf("loadavg at start: %s\n", LoadAverage().c_str());
   std::fflush(stdout);
 
-  std::vector<BwConfig> bw_configs = {
-      {"siwx Write, MULPDU from EMSS, CRC off", false, MulpduChoice::kFromEmss},
-      {"siwx Write, MULPDU from EMSS, CRC on", true, MulpduChoice::kFromEmss},
-      {"siwx Write, large FPDUs, CRC off", false, MulpduChoice::kLarge},
-      {"siwx Write, large FPDUs, CRC on", true, MulpduChoice::kLarge},
-  };
-  if (o.ethernet_rows) {
-    // CRC on: hardware peers normally negotiate it.
-    bw_configs.push_back({"siwx Write, MULPDU for EMSS 1448, CRC on", true,
-                          MulpduChoice::kEthernet});
-  }
-  if (!o.filter.empty()) {
-    std::erase_if(bw_configs, [&](const BwConfig& c) {
-      return std::string_view(c.label).find(o.filter) == std::string_view::npos;
-    });
-  }
-
-  // Bandwidth rows: Gb/s, CPU per GB and (except for 1b) CPU per message.
-  // bw[0] is (1), bw[1] is (1b), bw[2 + i] is bw_configs[i].
-  struct BwRows {
-    std::string label;  // for the diagnostics table
-    bool per_msg_row = true;
-    Row gbps, per_gb, per_msg;
-    std::vector<double> cores, app_cores, switches, max_ulpdu, fpdus_per_msg, fpdus_per_sendmsg,
-        would_block, rx_calls, staged;
-  };
-  constexpr std::size_t kFirstSiwxRow = 2;
-  std::vector<BwRows> bw(kFirstSiwxRow + bw_configs.size());
-  auto init_bw = [](BwRows& r, const std::string& name, std::size_t size, const std::string& goal,
-                    const std::string& ratio_note) {
-    r.label = name;
-    r.gbps.name = name + ", " + std::to_string(size / 1024) + " KiB";
-    r.gbps.unit = "Gb/s";
-    r.gbps.goal = goal;
-    r.per_gb.name = "  CPU per GB moved (both ends)";
-    r.per_gb.unit = "core-s/GB";
-    r.per_gb.precision = 3;
-    r.per_msg.name = "  CPU per message (both ends)";
-    r.per_msg.unit = "us";
-    for (Row* row : {&r.gbps, &r.per_gb, &r.per_msg}) row->ratio_note = ratio_note;
-  };
-  init_bw(bw[0], "(1) TCP stream, blocking writes", o.msg_size, "reference", "");
-  init_bw(bw[1], "(1b) TCP stream, blocking writes", kLargeWriteSize, "info", "x (1)");
-  bw[1].per_msg_row = false;
-  for (std::size_t i = 0; i < bw_configs.size(); ++i) {
-    std::string goal = "info";
-    if (bw_configs[i].mulpdu != MulpduChoice::kEthernet) {
-      goal = bw_configs[i].crc ? ">= 0.90" : ">= 0.95";
-    }
-    init_bw(bw[kFirstSiwxRow + i], std::string("(2) ") + bw_configs[i].label, o.msg_size, goal,
-            "x (1)");
-  }
-
-  // Latency rows.
-  enum LatIndex { kTcpBlocking, kTcpSameThreading, kTcpBusy, kSiwxOff, kSiwxOn, kLatRows };
-  std::array<Row, kLatRows> lat;
-  std::array<Row, kLatRows> lat_p99;
-  std::array<Row, kLatRows> lat_cpu;
-  const char* lat_names[kLatRows] = {
-      "(3) TCP ping-pong 8 B, blocking, 2 threads",
-      "(3b) TCP 8 B, same threading as (4) (app spins, agent recv)",
-      "(3c) TCP ping-pong 8 B, busy-poll recv (floor)",
-      "(4) siwx 8 B Write ping-pong, CRC off",
-      "(4) siwx 8 B Write ping-pong, CRC on",
-  };
-  for (int i = 0; i < kLatRows; ++i) {
-    lat[i].name = std::string(lat_names[i]) + ", 1/2 RTT";
-    lat[i].unit = "us";
-    lat_p99[i].name = "  p99 1/2 RTT";
-    lat_p99[i].unit = "us";
-    lat_cpu[i].name = "  CPU per round trip (both ends)";
-    lat_cpu[i].unit = "us";
-  }
-  lat[kSiwxOff].ratio_note = lat[kSiwxOn].ratio_note = "x (3)";
-  lat[kSiwxOff].goal = lat[kSiwxOn].goal = "<= 1.5; <= 17 us";
-  // The fair comparison: the same thread structure without the engine.
-  std::array<Row, 2> lat_vs_same;
-  std::array<Row, 2> lat_vs_busy;
-  for (int k = 0; k < 2; ++k) {
-    lat_vs_same[k].name = std::string("  ") + (k == 0 ? "CRC off" : "CRC on") +
-                          ": siwx / same-threading TCP (3b)";
-    lat_vs_same[k].ratio_note = "x (3b)";
-    lat_vs_same[k].goal = "info (fair cmp)";
-    lat_vs_busy[k].name = std::string("  ") + (k == 0 ? "CRC off" : "CRC on") +
-                          ": siwx / busy-poll TCP floor (3c)";
-    lat_vs_busy[k].ratio_note = "x (3c)";
-    lat_vs_busy[k].goal = "<= 5 (anchors 3.2)";
-  }
-
+  BandwidthTable bw(o);
+  LatencyTable lat;
   bool any_failure = false;
   const auto t_start = Clock::now();
   for (int rep = 0; rep < o.reps; ++rep) {
-    const auto seed = static_cast<std::uint32_t>(rep * 16 + 1);
-    if (o.run_bw) {
-      const BwResult tcp = RunTcpStream(o, o.msg_size);
-      auto record = [&](BwRows& rows, const BwResult& r, const BwResult* ref) {
-        if (!r.ok) {
-          rows.gbps.failures.push_back(r.error);
-          any_failure = true;
-          std::printf("  [round %d] %s: FAIL: %s\n", rep + 1, rows.gbps.name.c_str(),
-                      r.error.c_str());
-          return;
-        }
-        rows.gbps.values.push_back(r.gbps);
-        rows.per_gb.values.push_back(r.cpu_s_per_gb);
-        rows.per_msg.values.push_back(r.cpu_us_per_msg);
-        rows.gbps.foreign.push_back(r.foreign_cores);
-        if (ref != nullptr && ref->ok) {
-          rows.gbps.ratios.push_back(r.gbps / ref->gbps);
-          rows.per_gb.ratios.push_back(r.cpu_s_per_gb / ref->cpu_s_per_gb);
-          rows.per_msg.ratios.push_back(r.cpu_us_per_msg / ref->cpu_us_per_msg);
-        }
-        rows.cores.push_back(r.cores);
-        rows.app_cores.push_back(r.app_cores);
-        rows.switches.push_back(r.switches_per_msg);
-        rows.max_ulpdu.push_back(static_cast<double>(r.max_ulpdu));
-        rows.fpdus_per_msg.push_back(r.fpdus_per_msg);
-        rows.fpdus_per_sendmsg.push_back(r.fpdus_per_sendmsg);
-        rows.would_block.push_back(r.tx_would_block_per_msg);
-        rows.rx_calls.push_back(r.rx_syscalls_per_fpdu);
-        rows.staged.push_back(r.rx_staged_fraction);
-        std::printf("  [round %d] %-52s %7.2f Gb/s  %.2f cores  foreign %.2f\n", rep + 1,
-                    rows.gbps.name.c_str(), r.gbps, r.cores, r.foreign_cores);
-        std::fflush(stdout);
-      };
-      record(bw[0], tcp, nullptr);
-      record(bw[1], RunTcpStream(o, kLargeWriteSize), &tcp);
-      for (std::size_t i = 0; i < bw_configs.size(); ++i) {
-        record(bw[kFirstSiwxRow + i],
-               RunSiwxStream(o, bw_configs[i], seed + static_cast<std::uint32_t>(i)), &tcp);
-      }
-    }
-    if (o.run_lat) {
-      std::array<LatResult, kLatRows> res;
-      res[kTcpBlocking] = RunTcpPingPong(o, TcpPingMode::kBlocking);
-      res[kTcpSameThreading] = RunTcpSameThreading(o);
-      res[kTcpBusy] = RunTcpPingPong(o, TcpPingMode::kBusy);
-      res[kSiwxOff] = RunSiwxPingPong(o, false);
-      res[kSiwxOn] = RunSiwxPingPong(o, true);
-      for (int i = 0; i < kLatRows; ++i) {
-        const LatResult& r = res[i];
-        if (!r.ok) {
-          lat[i].failures.push_back(r.error);
-          any_failure = true;
-          std::printf("  [round %d] %s: FAIL: %s\n", rep + 1, lat[i].name.c_str(),
-                      r.error.c_str());
-          continue;
-        }
-        lat[i].values.push_back(r.median_us);
-        lat[i].foreign.push_back(r.foreign_cores);
-        lat_p99[i].values.push_back(r.p99_us);
-        lat_cpu[i].values.push_back(r.cpu_us_per_rtt);
-        std::printf("  [round %d] %-60s %7.2f us  p99 %8.2f  n %6zu  foreign %.2f\n",
-                    rep + 1, lat_names[i], r.median_us, r.p99_us, r.samples, r.foreign_cores);
-      }
-      for (int k = 0; k < 2; ++k) {
-        const LatResult& s = res[kSiwxOff + k];
-        if (!s.ok) continue;
-        if (res[kTcpBlocking].ok) {
-          lat[kSiwxOff + k].ratios.push_back(s.median_us / res[kTcpBlocking].median_us);
-        }
-        if (res[kTcpSameThreading].ok) {
-          lat_vs_same[k].ratios.push_back(s.median_us / res[kTcpSameThreading].median_us);
-        }
-        if (res[kTcpBusy].ok) {
-          lat_vs_busy[k].ratios.push_back(s.median_us / res[kTcpBusy].median_us);
-        }
-      }
-      std::fflush(stdout);
-    }
+    if (o.run_bw && !bw.RunRound(o, rep)) any_failure = true;
+    if (o.run_lat && !lat.RunRound(o, rep)) any_failure = true;
   }
 
   std::printf("\nloadavg at end: %s (run took %.0f s)\n", LoadAverage().c_str(),
@@ -422,63 +523,14 @@ int Main(int argc, char** argv) {
   std::printf("%-58s %9s %9s %9s  %6s %-9s %-18s %5s\n", "quantity", "median", "min", "max",
               "ratio", "(vs)", "goal", "foreign");
   std::printf("%s\n", std::string(128, '-').c_str());
-  if (o.run_bw) {
-    for (const BwRows& r : bw) {
-      PrintRow(r.gbps);
-      PrintRow(r.per_gb);
-      if (r.per_msg_row) PrintRow(r.per_msg);
-    }
-  }
-  if (o.run_lat) {
-    for (int i = 0; i < kLatRows; ++i) {
-      PrintRow(lat[i]);
-      PrintRow(lat_p99[i]);
-      PrintRow(lat_cpu[i]);
-      if (i == kSiwxOff || i == kSiwxOn) {
-        PrintRow(lat_vs_same[i - kSiwxOff]);
-        PrintRow(lat_vs_busy[i - kSiwxOff]);
-      }
-    }
-  }
-
-  if (o.run_bw) {
-    std::printf(
-        "\nStream diagnostics (medians over the measured windows):\n"
-        "  cores       process CPU, all threads of both ends\n"
-        "  app         the application thread alone: it posts, transmits inline and polls the\n"
-        "              CQ (busy-polls, ib_write_bw style, unless --use-event)\n"
-        "  cs/msg      context switches of the process per message\n"
-        "  engine QP counters: FPDUs per message and per sendmsg, sendmsg calls that found\n"
-        "  the socket full (EAGAIN), recvmsg calls per FPDU, and the share of payload copied\n"
-        "  from the staging buffer instead of placed directly\n");
-    std::printf("%-44s %6s %6s %8s %8s %8s %9s %10s %11s %7s\n", "row", "cores", "app",
-                "cs/msg", "maxULPDU", "FPDU/msg", "FPDU/call", "EAGAIN/msg", "rxcall/FPDU",
-                "staged");
-    for (std::size_t i = 0; i < bw.size(); ++i) {
-      const BwRows& r = bw[i];
-      if (r.cores.empty()) continue;
-      if (i < kFirstSiwxRow) {
-        std::printf("%-44s %6.2f %6s %8.2f\n", r.label.c_str(), Summarize(r.cores).median, "",
-                    Summarize(r.switches).median);
-        continue;
-      }
-      std::printf("%-44s %6.2f %6.2f %8.2f %8.0f %8.2f %9.2f %10.3f %11.2f %6.1f%%\n",
-                  r.label.c_str(), Summarize(r.cores).median,
-                  Summarize(r.app_cores).median, Summarize(r.switches).median,
-                  Summarize(r.max_ulpdu).median,
-                  Summarize(r.fpdus_per_msg).median,
-                  Summarize(r.fpdus_per_sendmsg).median, Summarize(r.would_block).median,
-                  Summarize(r.rx_calls).median, 100 * Summarize(r.staged).median);
-    }
-  }
+  if (o.run_bw) bw.Print();
+  if (o.run_lat) lat.Print();
+  if (o.run_bw) bw.PrintDiagnostics();
 
   if (any_failure) {
     std::printf("\nFAILURES (a broken run reports no figure):\n");
-    auto dump = [](const Row& r) {
-      for (const std::string& f : r.failures) std::printf("  %s: %s\n", r.name.c_str(), f.c_str());
-    };
-    for (const BwRows& r : bw) dump(r.gbps);
-    for (const Row& r : lat) dump(r);
+    bw.PrintFailures();
+    lat.PrintFailures();
     return 1;
   }
   std::printf("\nall siwx runs passed their data checks\n");
