@@ -96,7 +96,9 @@ LatResult LatFromTimestamps(const std::vector<Clock::time_point>& t, std::size_t
 // Latency runs
 
 // Round trips left out at the start of a latency run.
-inline std::size_t Warmup(const Options& o) { return std::min<std::size_t>(1000, o.lat_iters / 10); }
+inline std::size_t Warmup(const Options& o) {
+  return std::min<std::size_t>(1000, o.lat_iters / 10);
+}
 
 // The client's clock of a latency run: it stops after `total` round trips or
 // at the time limit, whichever comes first, then tells the server (which
@@ -140,12 +142,6 @@ class LatencyRun {
 // 1. TCP stream of `write_size` blocking writes.
 BwResult RunTcpStream(const Options& o, std::size_t write_size);
 
-// 3. TCP ping-pongs: Blocking (kBlocking) or busy-polling recv (kBusy) on both ends.
-enum class TcpPingMode : std::uint8_t { kBlocking, kBusy };
-LatResult RunTcpPingPong(const Options& o, TcpPingMode mode);
-// 3b. The application spins on memory an agent thread blocked in recv() writes.
-LatResult RunTcpSameThreading(const Options& o);
-
 // 2. siwx RDMA Write stream.
 enum class MulpduChoice : std::uint8_t { kFromEmss, kLarge, kEthernet };
 
@@ -155,6 +151,13 @@ struct BwConfig {
   MulpduChoice mulpdu;
 };
 BwResult RunSiwxStream(const Options& o, const BwConfig& bc, std::uint32_t seed);
+
+// 3. TCP ping-pong, blocking (kBlocking) or busy-polling recv (kBusy) on both
+// ends.
+enum class TcpPingMode : std::uint8_t { kBlocking, kBusy };
+LatResult RunTcpPingPong(const Options& o, TcpPingMode mode);
+// 3b. The application spins on memory an agent thread blocked in recv() writes.
+LatResult RunTcpSameThreading(const Options& o);
 
 // 4. siwx 8 B RDMA Write ping-pong (ib_write_lat).
 LatResult RunSiwxPingPong(const Options& o, bool crc);
