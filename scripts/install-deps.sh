@@ -12,6 +12,8 @@ packages=(
   googletest libgtest-dev libgmock-dev libbenchmark-dev
   # unmodified applications and baselines the tests and benchmarks run
   rdma-core ibverbs-utils rdmacm-utils perftest iperf3 iproute2
+  # the plots of perftest-configs/run
+  python3-matplotlib
   # libfabric's fi_pingpong, for the libfabric verbs-provider test
   libfabric-bin
   # the rdma-core Python binding, for the pyverbs smoke test

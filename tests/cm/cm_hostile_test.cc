@@ -16,7 +16,7 @@
 namespace siwx::cm::test {
 namespace {
 
-// What Linux siw sends for rping: v2, IRD 1, ORD 1 (kernel-siw-wire-facts).
+// What Linux siw sends for rping: v2, IRD 1, ORD 1 (docs/kernel-siw-interop.md).
 Bytes SiwRequest() { return Frame(RequestKey(), 0x1002, 4, IrdOrd(0x0001, 0x0001)); }
 Bytes SiwReply() { return Frame(ReplyKey(), 0x1002, 4, IrdOrd(0x0001, 0x0001)); }
 
