@@ -1,7 +1,7 @@
 #!/bin/sh
 # Runs port_events in a private user and network namespace with a veth pair
-# v0 (10.99.0.1/24) / v1 and a spare veth v2 / v3, all but v0 without any
-# address.
+# v0 (198.51.100.1/24, a documentation range; nothing is sent to it) / v1 and
+# a spare veth v2 / v3, all but v0 without any address.
 # Exit 77 (CTest: skipped) when the host does not allow such a namespace.
 # Usage: check_port_events.sh <siwx-run> <port_events program>
 set -u
@@ -22,7 +22,7 @@ exec unshare -rn sh -c '
 	ip link add v2 type veth peer name v3
 	# No IPv6 link-local addresses on the others: they must stay address-less.
 	for link in v1 v2 v3; do ip link set "$link" addrgenmode none; done
-	ip addr add 10.99.0.1/24 dev v0
+	ip addr add 198.51.100.1/24 dev v0
 	ip link set v0 up
 	ip link set v1 up
 	ip link set v3 up

@@ -97,7 +97,7 @@ int main(void)
 	expect_port_event(ctx, IBV_EVENT_PORT_ACTIVE);
 
 	/* An interface that gains an address gets a device, with its MTU. */
-	run("ip link set v2 mtu 2000 up && ip addr add 10.99.2.1/24 dev v2");
+	run("ip link set v2 mtu 2000 up && ip addr add 203.0.113.1/24 dev v2");
 	CHECK(listed("v2"));
 	struct ibv_context *v2 = open_siwx("v2");
 	struct ibv_port_attr attr;
