@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // The harness of engine_bench: statistics, CPU snapshots, pattern buffers,
 // loopback TCP helpers and option parsing. Nothing here knows the engine; the
 // runs (engine_bench_tcp.cc, engine_bench_siwx.cc) and the table

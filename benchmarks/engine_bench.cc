@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Engine benchmark (issue 3): the siwx engine against the kernel TCP stream it
 // runs over, measured side by side in one run on loopback.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // What the runs of engine_bench share: the options, the result records and
 // the run entry points. engine_bench_tcp.cc holds the kernel TCP references,
 // engine_bench_siwx.cc the siwx runs, engine_bench.cc the table and main.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // engine_bench: the siwx runs (rows 2 and 4 of the table in engine_bench.cc):
 // two Engines, one QP each, over one loopback TCP connection, as two
 // processes would have them. The application thread posts and polls; the

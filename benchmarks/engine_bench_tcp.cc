@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // engine_bench: the kernel TCP references on loopback (rows 1 and 3 of the
 // table in engine_bench.cc). Each run starts its own threads and joins them.
 #include <sys/socket.h>

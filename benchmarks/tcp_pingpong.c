@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB */
 /* tcp_pingpong: the TCP reference for perftest's latency tests. Two
  * processes (like perftest's server and client) over one TCP connection with
  * TCP_NODELAY bounce a message of --size octets --iters times; the client

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Wire-layer throughput: CRC32c, and FPDU parse + CRC verify as the receive
 // path runs it (pull interface, payload committed in place as if the kernel
 // had just placed it). Prints GB/s; it is a benchmark, not a test.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 # Sanitizer builds of code that is preloaded into programs that were not built
 # with sanitizers (libsiwx-shim.so and the provider it pulls in, under
 # siwx-run, e.g. into ibv_devinfo).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 # Finds the installed rdma-core (libibverbs) and decides whether siwx can be
 # built against it. Sets, in the including scope:
 #

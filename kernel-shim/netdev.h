@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Network interfaces that get a siwx device: every interface with at least
 // one IPv4 or IPv6 address, found through libnl's route caches (links and
 // addresses over NETLINK_ROUTE), with what the device needs to know of it:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // libsiwx-shim.so: the LD_PRELOAD library that stands in for the RDMA kernel
 // side of device attach (see docs/architecture.md "Why a preload shim").
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Configuration of the userspace connection manager: which MPA startup
 // dialect to offer and accept (RFC 5044 7.1, the Rtr/S-bit proposal,
 // RFC 6581), the CRC and marker policies, peer-to-peer RTR, and the bounds

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // The connection manager behind librdmacm-siwx.so: rdma_cm ids, event
 // channels and events, TCP listen/connect, and MPA startup (RFC 5044 7.1,
 // the Rtr/S-bit proposal, RFC 6581) driven by mpa::MpaNegotiator, ending in

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // The siwx devices the CM hands out: one shared ibv_context per device and
 // one shared PD per device, the same objects in rdma_cm_id.verbs/.pd and in
 // rdma_get_devices(), as stock librdmacm does (libfabric matches them by

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // The system calls of the connection manager: TCP sockets (bind, listen,
 // accept, non-blocking connect, peek/discard/send of MPA startup frames,
 // orderly and abortive close), source-address selection, interface lookup,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // The rdma_cm API (rdma/rdma_cma.h, librdmacm's RDMACM_1.0..1.3 version
 // nodes) and the siwx_cm.h additions, as C entry points over cm::Core.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 /* siwx_cm.h: what librdmacm-siwx.so adds to the rdma_cm API.
  *
  * librdmacm-siwx.so replaces librdmacm for siwx (LD_PRELOAD, see

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // The CM's side of providers/siwx/siwxdv.h: finds the provider's handover
 // functions at run time and turns negotiated MPA parameters into the plain C
 // struct siwx_stream_params.

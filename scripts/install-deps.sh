@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 # Installs every Debian package siwx needs to build, test and benchmark, when
 # missing. Safe to run again; does nothing when all are present.
 set -euo pipefail

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 # The main job: build siwx and run an unmodified RDMA application, perftest's
 # ib_write_bw over rdma_cm (-R), between two processes on the siwx_lo device
 # of this machine, printing its result. rping follows as a second check.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 # Runs every siwx test: installs what is missing, then
 #  1. a g++ build with warnings as errors: all CTest labels but fuzz and
 #     package, the twohost label last and alone (as root it builds two

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Access rights of memory regions and the result of a tagged-buffer access
 // check (RFC 5040 section 7, RFC 5041 section 7, RFC 5042 section 6).
 //

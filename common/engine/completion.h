@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Work completions and the completion queue.
 //
 // WorkCompletion mirrors struct ibv_wc field by field, in host order. The

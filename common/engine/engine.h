@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // The device context of the engine: the memory table (PDs and STags), the
 // QP registry with its qp_num allocation, the async-event callback, and the
 // progress thread.

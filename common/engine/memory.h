@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Protection domains, memory regions and the STag table (RFC 5040, RFC 5041
 // tagged buffers; RFC 5042 sections 2.2.4, 2.2.5 and 6).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // An iWARP queue pair: the RDMAP/DDP semantics of one RDMAP Stream (RFC 5040,
 // RFC 5041) over one MPA/TCP connection (RFC 5044), with direct placement.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // The QP state machine: iWARP verbs states, their ibv_qp_state names, the
 // modify transitions applications may request, the events that move a QP on
 // their own, and which posts each state accepts.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Receive queue of a QP, and shared receive queue (SRQ) with limit events.
 //
 // Both are a bounded FIFO of ReceiveWorkRequest sized at creation (max_wr),

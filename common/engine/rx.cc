@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 #include "common/engine/rx.h"
 
 #include <algorithm>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // The receive side of a QP: reads the FPDU stream with the parser's pull
 // interface (FpduParser, RFC 5044), validates every DDP segment and RDMAP
 // message (RFC 5041 7, RFC 5040 7) and places payload directly into its

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // What the connection manager hands to a QP together with a connected
 // socket: the outcome of MPA negotiation (RFC 5044 7.1, RFC 6581) that the
 // data path needs.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // The transmit side of a QP: turns send WRs, Read Responses, the RTR message
 // and the Terminate into DDP segments (RFC 5041 4), frames them into FPDUs
 // (RFC 5044 4) and writes them with sendmsg straight from registered memory.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Send and receive work request records, the checks a post applies to them,
 // and the bounded ring the work queues are built from.
 //

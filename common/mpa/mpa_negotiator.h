@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Sans-IO MPA startup negotiation (RFC 5044 section 7.1, the Rtr/S-bit
 // peer-to-peer proposal, RFC 6581): bytes and time in, bytes and events out.
 //

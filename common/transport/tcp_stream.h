@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // The only place in siwx that makes socket system calls.
 //
 // TcpStream wraps one connected, non-blocking stream socket (TCP, or a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Byte-order helpers for wire codecs. Wire structs in siwx are kept in host
 // order; these are the only places that know the network is big-endian.
 #pragma once

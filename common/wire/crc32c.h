@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // CRC32c (Castagnoli, RFC 3385 / RFC 3720 appendix B.4) for MPA FPDUs,
 // computed by Intel ISA-L.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // DDP (RFC 5041) and RDMAP (RFC 5040, RFC 7306) headers of a ULPDU: the
 // control octets, the tagged and untagged DDP headers, and the fixed RDMAP
 // bodies that follow them (RDMA Read Request, Immediate Data, Atomic Request

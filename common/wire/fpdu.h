@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // MPA FPDU framing for transmit (RFC 5044 section 4) and the MULPDU a
 // transmitter derives from the TCP EMSS (RFC 5044 4.5).
 //

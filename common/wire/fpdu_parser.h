@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Resumable, sans-IO FPDU receive parser for one MPA half-connection
 // (RFC 5044 sections 4, 6 and 8).
 //

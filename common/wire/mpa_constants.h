@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Constants of MPA (RFC 5044) and its startup extensions (RFC 6581 and the
 // Rtr/S-bit peer-to-peer proposal) that more than one codec needs.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // MPA Markers (RFC 5044 section 4.3): the marker format and the arithmetic of
 // the marker grid, shared by the FPDU framer (transmit) and the FPDU parser
 // (receive).

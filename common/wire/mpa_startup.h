@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // MPA startup frames: the Request, Reply and Rtr frames exchanged before Full
 // Operation, in the three dialects siwx speaks.
 //

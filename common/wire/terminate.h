@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // The RDMAP Terminate message (RFC 5040 sections 4.8, 5.4 and 7) and the
 // error triples it carries: layer, error type and error code as defined by
 // RFC 5040 Figure 9 (RDMAP), RFC 5041 7.2 (DDP) and RFC 5044 section 8 plus

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Asynchronous events: records on the context's async_fd, which stock
 // ibv_get_async_event() reads, and the acknowledgement wait that destroying
 // an object needs.

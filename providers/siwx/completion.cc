@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Completion queues and completion channels.
 //
 // A CQ is an engine::CompletionQueue. Its notification callback (armed by

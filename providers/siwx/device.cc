@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Devices and contexts: the driver registration, the ops table, device and
 // port queries, and the exported API the kernel shim uses to create devices.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 #include "providers/siwx/event_queue.h"
 
 #include <sys/socket.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Event records delivered through a file descriptor, the way the kernel's
 // uverbs event files deliver them, so stock libibverbs can read them:
 //  - a completion channel's fd carries 8-byte records, the ibv_cq pointer of

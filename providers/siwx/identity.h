@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // How a siwx device identifies itself, derived from its network interface.
 //  - Node GUID as the kernel siw driver makes it: the interface's MAC in
 //    octets 0..5, octets 6..7 zero; an interface without a MAC (loopback)

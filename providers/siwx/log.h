@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Diagnostics of the provider and the kernel shim: one line per message on
 // stderr, prefixed "siwx: <level>: ".
 //

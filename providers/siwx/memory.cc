@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Protection domains and memory regions: verbs objects over the context's
 // engine::MemoryTable (STags, access rights, bounds; see memory.h there).
 //

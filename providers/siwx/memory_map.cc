@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 #include "providers/siwx/memory_map.h"
 
 #include <fcntl.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Whether a range of the process's memory can be registered with the access
 // it asks for, judged from the kernel's list of mappings (/proc/self/maps).
 //

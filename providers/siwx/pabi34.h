@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Our own declarations of the libibverbs private provider ABI, PABI 34, as
 // rdma-core v37.0 to v56.x implement it.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // The siwx libibverbs provider: verbs objects on top of engine objects.
 //
 // Every object libibverbs hands to applications embeds its libibverbs base

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Queue pairs: verbs objects over engine::Qp (common/engine/qp.h), which
 // holds the iWARP semantics; this file only translates.
 //

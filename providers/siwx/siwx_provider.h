@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 /* The small API libsiwx-rdmav34.so exports for the kernel shim (the
  * "kernel" side of a kernel-less device: device discovery, completion
  * channels, GID/P_Key/GUID queries). Applications never call it; they use

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 /* siwxdv.h: the handover of an established iWARP stream from the userspace
  * connection manager (rdmacm-ext, librdmacm-siwx.so) to a siwx QP.
  *

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Shared receive queues: verbs objects over engine::ReceiveQueue (kind
 // kShared). The limit event (ibv_modify_srq with IBV_SRQ_LIMIT) arrives from
 // the engine as a callback and goes out as IBV_EVENT_SRQ_LIMIT_REACHED on the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // siwxdv.h: the connection manager hands a connected, MPA-negotiated TCP
 // socket to a QP (siwx_qp_bind_stream_num), ends it
 // (siwx_qp_disconnect_stream_num),

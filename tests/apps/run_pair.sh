@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 # Runs one unmodified RDMA application as a server and a client process under
 # siwx-run, on an ephemeral TCP port, and checks both exit codes and the
 # client's result lines. Each process runs under `timeout`; the server is

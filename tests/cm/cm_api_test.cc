@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // The rdma_cm API surface that needs no peer: event channels, ids,
 // addresses, options, QP attributes, devices, and what is refused.
 #include <fcntl.h>

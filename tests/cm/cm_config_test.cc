@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // The environment parser and the mapping to the negotiator and to the
 // provider handover struct.
 #include "rdmacm-ext/cm_config.h"

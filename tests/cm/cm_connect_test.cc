@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Connections between two siwx CMs over loopback: connect/accept/reject with
 // private data, disconnect, listeners that go away, backlog, synchronous
 // endpoints, and the MPA dialect matrix (RFC 5044, the Rtr/S-bit proposal,

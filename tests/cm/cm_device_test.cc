@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // What needs a siwx device context: ids carrying the shared per-device
 // ibv_context and PD (the same pointers rdma_get_devices returns), QPs made
 // by rdma_create_qp, and the handover of established streams. ctest runs

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // fork() with siwx connections open (issue 9 item 10; rdmacm-ext/README.md,
 // "fork()"). The child inherits the descriptors of every stream; the
 // parent's connections must keep working whatever the child does with them

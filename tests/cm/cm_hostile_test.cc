@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // A listener under hostile or starved conditions (issue 9 item 6): out of
 // descriptors, flooded with silent, trickling and garbage connections. It
 // must not spin, must keep serving the connections it has, must serve honest

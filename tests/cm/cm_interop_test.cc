@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // The interop matrix over real connections: siwx's rdma_cm as Initiator and
 // as Responder in one process, each end configured per id
 // (siwx_cm_set_mpa_options) with its own MPA dialect, peer-to-peer RTR type,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Loopback addresses as the kernel CM treats them, in the order libfabric's
 // verbs provider (1.17, fi_getinfo with no node) uses them: a synchronous
 // id binds "localhost" and must get no device (verbs NULL), after which

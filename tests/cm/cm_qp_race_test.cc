@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // The CM against an application that destroys its own QPs with
 // ibv_destroy_qp while the CM binds a stream to them or ends their stream on
 // another thread (issue 9 item 10). The CM reaches the provider by context

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Helpers for the CM tests: event waiting with a deadline, raw TCP peers
 // that speak (or mangle) MPA by hand, and descriptor/thread counting for
 // leak checks.

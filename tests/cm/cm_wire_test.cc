@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // The CM against raw TCP peers: the exact MPA startup octets it sends as
 // Initiator and Responder (RFC 5044 7.1.1, the Rtr/S-bit proposal, RFC 6581
 // 6 and 9), and every malformed or hostile peer ending in its documented

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB */
 /* A C program built against stock librdmacm (-lrdmacm), run with
  * LD_PRELOAD=librdmacm-siwx.so: checks that the preloaded definitions bind
  * the application's versioned references (RDMACM_1.0 / RDMACM_1.2) and that

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // The MPA CRC through the engine: it covers the FPDU as sent, markers
 // included (RFC 5044 4.3, 4.4), in both directions, checked against a CRC
 // computed apart from the library (test_tools/fpdu_reference.h, a bitwise

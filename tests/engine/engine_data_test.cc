@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Two engines connected over a socketpair or loopback TCP, every data
 // operation at sizes 0 .. 16 MiB, with SGE lists on both sides, CRC and
 // markers on and off. Every target octet is checked, as are the guard

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // CompletionQueue::RemoveQp, which the provider's ibv_destroy_qp uses so
 // that no completion of a destroyed QP is polled afterwards: first on the
 // ring alone (order, wrap-around, receives kept for SRQ QPs), then with two

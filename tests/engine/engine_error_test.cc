@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Error paths. A raw peer sends malformed or forbidden traffic to an engine
 // QP and decodes the Terminate it gets back (RFC 5040 4.8, 7; RFC 5041 7;
 // RFC 5044 8). Every case checks the exact layer/type/code and header

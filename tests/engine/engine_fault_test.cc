@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Fault injection between two engine QPs (RFC 5044 is a byte stream: TCP
 // may cut, delay, corrupt or close it anywhere).
 //  - Short writes: tiny socket buffers make every sendmsg partial; large

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // The responder's wait for the initiator's first FPDU (RFC 5044 7.1.2) and,
 // peer-to-peer, for its RTR (RFC 6581 7.1), against a raw initiator:
 //

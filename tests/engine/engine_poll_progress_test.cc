@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Receive progress driven by an application thread polling a receive CQ
 // empty (CompletionQueue::PollWithProgress -> Qp::DriveFromPoll): receive
 // completions arrive while the progress thread cannot run, every message is

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // RDMAP semantics between two engine QPs (RFC 5040 5, 7; RFC 5042 6):
 // invalidation, solicited events, inline data, signaling, local operations,
 // fences and completion order, local errors, errors reported by Terminate

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // However TCP cuts the stream, the receive side places the same octets and
 // completes the same WRs: one wire image of several messages is written
 // whole, one octet at a time, and in random chunks (RFC 5044 is a stream

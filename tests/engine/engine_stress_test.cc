@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Stress: kQpPairs QP pairs over loopback TCP between two engines (as two
 // processes would have them), each pair carrying a flow in each direction:
 // Sends, RDMA Writes and RDMA Reads of sizes 0 .. 256 KiB with SGE lists

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Bounded teardown: every way a stream starts ending reaches "every WR
 // flushed, QP in Error, stream closed (the CM's DISCONNECTED)" within the
 // engine's teardown timeout, even when the peer stops reading and our

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Shared pieces of the engine tests: connected socket pairs, an engine
 // "node" (engine + PD + CQs + QP + collected async events), registered
 // buffers with guard octets, completion waits, and a raw wire peer that

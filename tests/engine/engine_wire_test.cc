@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // What the engine puts on the wire, octet for octet, read by a raw peer that
 // parses FPDUs with the wire codecs (RFC 5044 4, RFC 5041 4, RFC 5040 4).
 #include <gtest/gtest.h>

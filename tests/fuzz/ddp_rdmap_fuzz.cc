@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // libFuzzer target for the DDP/RDMAP header and Terminate codecs: any octets
 // decode without a crash; whatever decodes re-encodes to the same octets; the
 // header sizer the FPDU parser uses agrees with the decoder.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // libFuzzer target for the FPDU receive parser (and, in round-trip mode, the
 // FPDU framer).
 //

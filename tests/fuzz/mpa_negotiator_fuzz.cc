@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // libFuzzer target for the MPA startup negotiator.
 //
 // The first octets choose the role and the configuration; the rest is a

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 # run_fuzzer.sh BINARY SEED_CORPUS WORK_CORPUS SECONDS
 # Fuzzes BINARY for SECONDS from a private copy of SEED_CORPUS and prints
 # libFuzzer's final statistics (executions, coverage). Fails on any finding.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // A reference model of MPA FPDUs written from the RFC text, for tests that
 // must not compute their expectations with the library under test: a bitwise
 // CRC32c (RFC 3720 B.4 parameters, checked against its vectors in

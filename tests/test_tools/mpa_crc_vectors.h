@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // FPDUs with markers and CRC written out octet by octet, for the framer and
 // parser tests. RFC 5044 4.3, 4.4: the CRC covers the FPDU as sent, markers
 // included: a marker inside the ULPDU, one between the pad and the CRC

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // impair: a userspace network impairment for the two-host tests. Kernels
 // without sch_netem (the CI machine's) still have the iptables NFQUEUE
 // target: iptables hands every TCP packet of the veth link to this program, which

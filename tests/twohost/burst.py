@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 """A burst of hostile connection attempts against one siwx listener.
 
 Usage: burst.py ADDR PORT COUNT HOLD_SECONDS

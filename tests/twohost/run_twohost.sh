@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 # Runs one two-host scenario: two network namespaces ("hosts" a and b)
 # joined by a veth pair named veth0 on both sides (so each host has the
 # device siwx_veth0), MTU 1500, addresses from TEST-NET-1 (RFC 5737) that

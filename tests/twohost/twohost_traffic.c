@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB */
 /* twohost_traffic: verified RDMA traffic between two hosts over rdma_cm, for
  * the two-host tests (tests/twohost/). Every octet that arrives is checked
  * against the pattern it was sent with, and every work request must come

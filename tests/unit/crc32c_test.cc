@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // CRC32c check values from RFC 3720 appendix B.4 and the common "123456789"
 // check, plus the MPA wire byte order.
 #include "common/wire/crc32c.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // DDP (RFC 5041 section 4) and RDMAP (RFC 5040 section 4, RFC 7306 section
 // 4-6) header vectors, written from the RFC figures, plus every malformed
 // header the decoder must name.

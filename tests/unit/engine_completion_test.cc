@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Work completion records and the completion queue: ring order, overflow,
 // ibv_req_notify_cq arming, and concurrent producers.
 #include "common/engine/completion.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // STag table, PDs and the tagged-access check (RFC 5040/5041 tagged buffers,
 // RFC 5042 sections 2.2.4, 2.2.5, 6.1.1, 6.2.1, 6.3.5, 6.4.5).
 #include "common/engine/memory.h"

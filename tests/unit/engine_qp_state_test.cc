@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // QP state machine: the full modify and event tables, post dispositions, the
 // ibv/iWARP state mapping, and the compare-and-swap wrapper under races.
 #include "common/engine/qp_state.h"

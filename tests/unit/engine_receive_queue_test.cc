@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Work request records and their post checks, the WorkRing, and the receive
 // queue / shared receive queue with ibv_modify_srq limit events.
 #include "common/engine/receive_queue.h"

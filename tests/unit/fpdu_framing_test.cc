@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // MPA FPDU framing for transmit (RFC 5044 4.1, 4.3, 4.4) and MULPDU (4.5).
 //
 // Expected FPDUs come from a reference model written here from the RFC text:

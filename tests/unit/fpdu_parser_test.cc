@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // The resumable FPDU receive parser (RFC 5044 sections 4, 6 and 8).
 //
 // Streams are built by a reference model written here from the RFC text

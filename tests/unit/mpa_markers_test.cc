@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // MPA marker format and marker-grid arithmetic (RFC 5044 4.3, 7.1.2 rule 7).
 #include "common/wire/mpa_markers.h"
 

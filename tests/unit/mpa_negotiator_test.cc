@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // MPA startup negotiation: RFC 5044 7.1.2 (the ten rules), the Rtr/S-bit
 // proposal and RFC 6581, driven as two negotiators back to back and as one
 // negotiator against hand-built frames.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // MPA startup frame codec: RFC 5044 7.1.1, the Rtr/S-bit proposal, RFC 6581.
 #include "common/wire/mpa_startup.h"
 

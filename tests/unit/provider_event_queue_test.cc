@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // EventQueue (providers/siwx/event_queue.h): fixed-size records through a
 // SOCK_SEQPACKET fd, with an in-memory backlog when the socket is full, and
 // Purge taking unread records back.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Device identity (providers/siwx/identity.h): node GUID, interface id (RFC
 // 4291 appendix A modified EUI-64), GID layout and IB MTU from the interface.
 #include "providers/siwx/identity.h"

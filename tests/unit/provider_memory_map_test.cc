@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Registration's view of the process's mappings (providers/siwx/memory_map.h):
 // a range must be mapped and readable, and writable when the registration
 // lets anyone write it, as the kernel's page pinning requires (EFAULT).

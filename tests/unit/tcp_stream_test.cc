@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // TcpStream, Poller and Doorbell over socketpairs and loopback TCP.
 #include "common/transport/tcp_stream.h"
 

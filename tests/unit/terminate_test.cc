@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Terminate messages (RFC 5040 4.8, 5.4, 7) and the error triples of RFC 5040
 // Figure 9, RFC 5041 7.2, RFC 5044 8 and RFC 6581 8.
 #include "common/wire/terminate.h"

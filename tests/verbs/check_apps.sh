@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 # Runs unmodified rdma-core tools under siwx-run and checks what they print,
 # and checks siwx-run's own behaviour (help, exit status, LD_PRELOAD, errors).
 # Usage: check_apps.sh <siwx-run> <ibv_devices|ibv_devinfo|launcher>

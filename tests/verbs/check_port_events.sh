@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 # Runs port_events in a private user and network namespace with a veth pair
 # v0 (198.51.100.1/24, a documentation range; nothing is sent to it) / v1 and
 # a spare veth v2 / v3, all but v0 without any address.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB */
 /* Completion queues and completion channels through the stock libibverbs
  * API, and the async event fd. Completions themselves need QPs; here: the
  * objects, their bookkeeping, arming, empty polls, non-blocking channel and

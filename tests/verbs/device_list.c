@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB */
 /* Device discovery through the stock libibverbs API: one siwx_<ifname> per
  * interface with an address, RNIC/iWARP, GUIDs from the MAC, reference
  * counting across ibv_get_device_list / ibv_free_device_list / open / close. */

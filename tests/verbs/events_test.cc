@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Completion and async events end to end through stock libibverbs:
 // ibv_req_notify_cq -> provider -> completion channel -> ibv_get_cq_event ->
 // ibv_ack_cq_events -> ibv_destroy_cq, and CQ overflow / SRQ limit ->

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB */
 /* Protection domains and memory registration through the stock libibverbs
  * API: every access flag combination rdma-core accepts, the iova variants,
  * and the errors for bad flags, lengths, addresses and busy PDs. */

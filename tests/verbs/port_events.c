@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB */
 /* Port state follows the link, with IBV_EVENT_PORT_ERR / IBV_EVENT_PORT_ACTIVE
  * on every open context, and the device list follows interface addresses.
  *

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 """pyverbs (rdma-core's Python binding, Debian python3-pyverbs) on a siwx
 device under siwx-run: it finds siwx_lo, opens it and drives the objects
 and QP states through libibverbs, with the errno values the C tests pin.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB */
 /* The argument checks of ibv_create_qp / ibv_create_qp_ex, which do not need
  * a working QP: each bad request fails with its errno. (Successful creation
  * and the other QP verbs are tested in qp_verbs.c, qp_data.c, qp_events.c.) */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB */
 /* Data between two QPs through the stock libibverbs API under siwx-run:
  * each QP on its own device context (two engines, as two processes would
  * have), connected by a socketpair or loopback TCP handed to both with the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB */
 /* ibv_destroy_qp with completions of the QP still queued in its CQs: after
  * it returns, ibv_poll_cq gives only the other QPs' entries, in their order
  * (libfabric's verbs provider relies on this, as mlx5 behaves). An SRQ QP's

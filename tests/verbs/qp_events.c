@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB */
 /* Async events of live QPs through the stock libibverbs API under siwx-run
  * (ibv_get_async_event / ibv_ack_async_event), with the work completions
  * that go with them:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 /* Helpers for the QP verbs tests: RC QPs on the public libibverbs API, moved
  * to INIT/RTR with ibv_modify_qp, and connected to each other the way the
  * connection manager does it, through the provider's siwx_qp_bind_stream()

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB */
 /* QP verbs without traffic, through the stock libibverbs API under siwx-run:
  * creation (every field, capacities written back, users of PD/CQ/SRQ), the
  * state machine as ibv_modify_qp drives it on an iWARP device (the rdma_cm

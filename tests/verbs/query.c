@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB */
 /* Device, port, GID and P_Key queries through the stock libibverbs API, and
  * the documented error returns for bad arguments. */
 #define _GNU_SOURCE

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB */
 /* Shared receive queues through the stock libibverbs API: create, query,
  * modify (limit), post, destroy, and the errors for bad arguments. */
 #include "verbs_test.h"

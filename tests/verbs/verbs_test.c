@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB */
 #define _GNU_SOURCE
 #include "verbs_test.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 /* Helpers for the verbs tests: C programs that use only the public
  * libibverbs API and run under siwx-run (CTest label "verbs").
  *
