@@ -2,12 +2,13 @@
 # SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 """A burst of hostile connection attempts against one siwx listener.
 
-Usage: burst.py ADDR PORT COUNT HOLD_SECONDS
+Usage: burst.py ADDR PORT COUNT HOLD_SECONDS [SOURCE_ADDR]
 
 Opens COUNT TCP connections to ADDR:PORT at once. Even-numbered ones send 64
 octets that are not an MPA Request (RFC 5044 7.1.1: the key is wrong);
 odd-numbered ones send nothing and wait (a peer that never starts MPA).
-Holds them for at most HOLD_SECONDS and prints one line:
+Connects from SOURCE_ADDR when given. Holds them for at most HOLD_SECONDS
+and prints one line:
   burst: attempts=N connected=N garbage=N silent=N closed_by_server=N left_open=N
 The server should close every one of them (the garbage at once, the silent
 ones when its MPA startup timeout expires). Exit status 0 once the line is
@@ -22,10 +23,13 @@ import time
 
 def main():
     addr, port, count, hold = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+    source = sys.argv[5] if len(sys.argv) > 5 else None
     sel = selectors.DefaultSelector()
     socks = []
     for i in range(count):
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if source:
+            s.bind((source, 0))
         s.setblocking(False)
         s.connect_ex((addr, port))
         socks.append(s)

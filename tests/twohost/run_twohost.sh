@@ -22,6 +22,7 @@ scenario=$4
 
 addr_a=192.0.2.1
 addr_b=192.0.2.2
+addr_b_hostile=192.0.2.3  # the connections scenario's flood
 port=7471 # private to the namespaces
 # The teardown bound siwx promises (README: after an error or a disconnect,
 # every WR flushed and DISCONNECTED within 10 s) and the slack allowed on a
@@ -435,18 +436,24 @@ connections)
 	# 1000 connection attempts against one listener: 500 honest ones, one
 	# after the other, each moving and checking one round, while a burst
 	# of 500 hostile ones arrives (half send 64 octets that are not an MPA
-	# Request, half send nothing). The MPA startup timeout is 2 s here, so
-	# the silent ones are dropped within the test. Every honest connection
-	# must succeed, every hostile one must be closed by the server, and the
-	# server's fds, threads and heap must be back where they were after its
-	# first connection.
+	# Request, half send nothing) from a second address of host b, as an
+	# attacker beside an honest client would: the listener bounds
+	# half-open connections per source address (SIWX_CM_HALF_OPEN_PER_SOURCE)
+	# by dropping that source's oldest, so an honest peer that shared the
+	# flooding address could lose its connection. The MPA startup timeout
+	# is 2 s here, so the silent ones are dropped within the test. Every
+	# honest connection must succeed, every hostile one must be closed by
+	# the server, and the server's fds, threads and heap must be back where
+	# they were after its first connection.
 	start_server 150 SIWX_MPA_TIMEOUT_MS=2000 -- --rounds 1 --connections 500 --max-size 65536 \
 		--settle-ms 4000
 	start_client 150 -- --rounds 1 --connections 500 --max-size 65536
 	# The burst starts once the server has its baseline (after the first
 	# honest connection, which opened the device).
 	wait_for_line "$work/server.log" 'baseline taken' 30 || fail "the first connection did not end"
+	ip -n "$ns_b" addr add "$addr_b_hostile/24" dev veth0 || fail "cannot add $addr_b_hostile"
 	ip netns exec "$ns_b" timeout -k 5 60 python3 "$(dirname "$0")/burst.py" "$addr_a" "$port" 500 20 \
+		"$addr_b_hostile" \
 		>"$work/burst.log" 2>&1 &
 	burst_pid=$!
 	wait "$burst_pid" || fail "burst.py failed"
