@@ -2,8 +2,12 @@
 # SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 # Installs every Debian package siwx needs to build, test and benchmark, when
 # missing. Safe to run again; does nothing when all are present.
+# With --packaging: instead, what building and checking the siwx packages
+# needs (dpkg-buildpackage and debhelper, lintian, rpmbuild and rpmlint for
+# the spec check, mmdebstrap for the install test's clean root).
 set -euo pipefail
 
+what="packages"
 packages=(
   # toolchain
   build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
@@ -22,6 +26,11 @@ packages=(
   # the two-host tests: NFQUEUE rules and the userspace impairment on them
   iptables libnetfilter-queue-dev
 )
+if [ "${1:-}" = "--packaging" ]; then
+  what="packaging tools"
+  packages=(dpkg-dev debhelper devscripts fakeroot lintian rpm rpmlint mmdebstrap
+            python3 man-db)
+fi
 
 missing=()
 for p in "${packages[@]}"; do
@@ -33,7 +42,7 @@ if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
 
-echo "siwx: installing missing packages: ${missing[*]}"
+echo "siwx: installing missing $what: ${missing[*]}"
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then
   if command -v sudo >/dev/null; then
