@@ -133,6 +133,7 @@ static long long now_ms(void)
 	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+__attribute__((format(printf, 2, 3), noreturn))
 static void fail(struct side *s, const char *fmt, ...)
 {
 	va_list ap;
