@@ -4,7 +4,6 @@
 // parent's connections must keep working whatever the child does with them
 // (exit, close every descriptor, exec), and no siwx descriptor may survive
 // an exec. Needs a device: runs under siwx-run (ctest cm_with_devices).
-#include <dlfcn.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -46,13 +45,7 @@ std::string Name(ChildDoes c) {
 class CmDeviceFork : public LeakCheck, public ::testing::WithParamInterface<ChildDoes> {
  protected:
   void SetUp() override {
-    int n = 0;
-    ibv_context** list = rdma_get_devices(&n);
-    rdma_free_devices(list);
-    if (n == 0) GTEST_SKIP() << "no siwx device (run under siwx-run)";
-    if (dlsym(RTLD_DEFAULT, "siwx_qp_bind_stream_num") == nullptr) {
-      GTEST_SKIP() << "the provider does not take streams (CM-only mode)";
-    }
+    if (auto why = MissingSiwxDevice(/*needs_stream_binding=*/true)) GTEST_SKIP() << *why;
     LeakCheck::SetUp();
     l_.Start();
     c_.Resolve(l_.port);

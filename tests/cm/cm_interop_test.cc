@@ -295,10 +295,7 @@ template <typename Param>
 class NeedsDevices : public ::testing::TestWithParam<Param> {
  protected:
   void SetUp() override {
-    int n = 0;
-    ibv_context** list = rdma_get_devices(&n);
-    rdma_free_devices(list);
-    if (n == 0) GTEST_SKIP() << "no siwx device: run this program under siwx-run";
+    if (auto why = MissingSiwxDevice()) GTEST_SKIP() << *why;
   }
 };
 

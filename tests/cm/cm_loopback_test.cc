@@ -61,10 +61,7 @@ std::optional<std::pair<std::string, std::string>> NonLoopbackIpv4() {
 class CmDeviceLoopback : public LeakCheck {
  protected:
   void SetUp() override {
-    int n = 0;
-    ibv_context** list = rdma_get_devices(&n);
-    rdma_free_devices(list);
-    if (n == 0) GTEST_SKIP() << "no siwx device (run under siwx-run)";
+    if (auto why = MissingSiwxDevice()) GTEST_SKIP() << *why;
     LeakCheck::SetUp();
   }
 

@@ -6,7 +6,6 @@
 // siwx_qp_unpolled_completions), never through an ibv_qp pointer that may be
 // freed. Run under siwx-run (ctest cm_with_devices), and under TSan/ASan:
 // a race shows there as a report, here as an occasional crash.
-#include <dlfcn.h>
 
 #include <thread>
 
@@ -18,13 +17,7 @@ namespace {
 class CmDeviceQpRace : public LeakCheck {
  protected:
   void SetUp() override {
-    int n = 0;
-    ibv_context** list = rdma_get_devices(&n);
-    rdma_free_devices(list);
-    if (n == 0) GTEST_SKIP() << "no siwx device (run under siwx-run)";
-    if (dlsym(RTLD_DEFAULT, "siwx_qp_bind_stream_num") == nullptr) {
-      GTEST_SKIP() << "the provider does not take streams (CM-only mode)";
-    }
+    if (auto why = MissingSiwxDevice(/*needs_stream_binding=*/true)) GTEST_SKIP() << *why;
     LeakCheck::SetUp();
   }
 

@@ -6,6 +6,7 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -339,6 +340,20 @@ struct Client {
   }
   ~Client() { Stop(); }
 };
+
+// Why a test that needs siwx devices cannot run here, or nothing: outside
+// siwx-run the device list is empty. With `needs_stream_binding`, the
+// provider must also take streams by QP number (not the CM-only mode).
+inline std::optional<std::string> MissingSiwxDevice(bool needs_stream_binding = false) {
+  int n = 0;
+  ibv_context** list = rdma_get_devices(&n);
+  rdma_free_devices(list);
+  if (n == 0) return "no siwx device (run under siwx-run)";
+  if (needs_stream_binding && dlsym(RTLD_DEFAULT, "siwx_qp_bind_stream_num") == nullptr) {
+    return "the provider does not take streams (CM-only mode)";
+  }
+  return std::nullopt;
+}
 
 // Records descriptor and thread counts with no id alive, and checks that
 // a test gave everything back.
