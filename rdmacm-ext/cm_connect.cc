@@ -219,26 +219,31 @@ int Core::Establish(rdma_cm_id* pub) {
 }
 
 int Core::Disconnect(rdma_cm_id* pub) {
-  std::lock_guard lock(mu_);
-  CmId* id = FindId(pub);
-  if (id == nullptr) return EINVAL;
-  switch (id->state) {
-    case IdState::kEstablished:
-    case IdState::kAwaitEstablish: break;
-    case IdState::kDisconnected: return 0;
-    default: return EINVAL;
+  {
+    std::lock_guard lock(mu_);
+    CmId* id = FindId(pub);
+    if (id == nullptr) return EINVAL;
+    switch (id->state) {
+      case IdState::kEstablished:
+      case IdState::kAwaitEstablish: break;
+      case IdState::kDisconnected: return 0;
+      default: return EINVAL;
+    }
+    if (id->stream_bound) {
+      EndBoundStream(id, false);
+    } else if (id->fd >= 0) {
+      // CM-only: FIN now, close when the peer answers with its own.
+      net::ShutdownWrite(id->fd);
+      MoveToLinger(id, {});
+    }
+    id->disconnect_posted = true;
+    id->state = IdState::kDisconnected;
+    Post(id, RDMA_CM_EVENT_DISCONNECTED, 0);
+    if (!id->sync) return 0;
   }
-  if (id->stream_bound) {
-    EndBoundStream(id, false);
-  } else if (id->fd >= 0) {
-    // CM-only: FIN now, close when the peer answers with its own.
-    net::ShutdownWrite(id->fd);
-    MoveToLinger(id, {});
-  }
-  id->disconnect_posted = true;
-  id->state = IdState::kDisconnected;
-  Post(id, RDMA_CM_EVENT_DISCONNECTED, 0);
-  return 0;
+  // As librdmacm: a synchronous id returns with its DISCONNECTED in
+  // id->event, so that no later call finds it instead of its own event.
+  return WaitSync(pub);
 }
 
 int Core::GetRequest(rdma_cm_id* listen, rdma_cm_id** out) {

@@ -26,6 +26,29 @@ constexpr std::uint64_t kWakeCookie = 0;
 // without a QP) waits for the peer's FIN before the socket is closed anyway.
 constexpr auto kLingerTime = std::chrono::seconds(2);
 
+const char* PortSpaceName(rdma_port_space ps) {
+  switch (EnumValue(ps)) {
+    case RDMA_PS_TCP: return "RDMA_PS_TCP";
+    case RDMA_PS_UDP: return "RDMA_PS_UDP";
+    case RDMA_PS_IPOIB: return "RDMA_PS_IPOIB";
+    case RDMA_PS_IB: return "RDMA_PS_IB";
+  }
+  return "unknown";
+}
+
+const char* QpTypeName(ibv_qp_type type) {
+  switch (EnumValue(type)) {
+    case IBV_QPT_RC: return "RC";
+    case IBV_QPT_UC: return "UC";
+    case IBV_QPT_UD: return "UD";
+    case IBV_QPT_RAW_PACKET: return "raw packet";
+    case IBV_QPT_XRC_SEND: return "XRC send";
+    case IBV_QPT_XRC_RECV: return "XRC receive";
+    case IBV_QPT_DRIVER: return "driver";
+  }
+  return "unknown";
+}
+
 }  // namespace
 
 std::string_view IdStateName(IdState s) {
@@ -333,8 +356,17 @@ CmId* Core::NewId(CmChannel* channel, bool sync, void* context, rdma_port_space 
 int Core::CreateId(rdma_event_channel* channel, rdma_cm_id** out, void* context,
                    rdma_port_space ps, ibv_qp_type qp_type) {
   if (out == nullptr) return EINVAL;
-  // iWARP runs over TCP only: no UD QPs, no AF_IB.
-  if (EnumValue(ps) != RDMA_PS_TCP || EnumValue(qp_type) != IBV_QPT_RC) return EPROTONOSUPPORT;
+  // iWARP runs over TCP only: no UD QPs, no AF_IB. An id of another port
+  // space could only ever carry a QP kernel siw refuses with EOPNOTSUPP, so
+  // it is refused at once with that errno (a UD program on kernel siw fails
+  // only when it creates its QP, and its peer may wait for ever).
+  if (EnumValue(ps) != RDMA_PS_TCP || EnumValue(qp_type) != IBV_QPT_RC) {
+    SIWX_LOG(kError,
+             "rdma_create_id refused: %s with %s QPs; iWARP has only RC QPs over TCP "
+             "(RDMA_PS_TCP), no UD, UC, XRC or multicast (EOPNOTSUPP)",
+             PortSpaceName(ps), QpTypeName(qp_type));
+    return EOPNOTSUPP;
+  }
   int rc = 0;
   {
     std::unique_lock life(lifecycle_mu_);
@@ -435,6 +467,7 @@ int Core::MigrateId(rdma_cm_id* pub, rdma_event_channel* channel) {
   std::lock_guard lock(mu_);
   CmId* id = FindId(pub);
   if (id == nullptr) return EINVAL;
+  if (id->sync && channel == nullptr) return EINVAL;  // already synchronous (as librdmacm)
   CmChannel* target = nullptr;
   if (channel == nullptr) {
     int err = 0;

@@ -37,12 +37,14 @@ int Core::CreateQpEx(rdma_cm_id* pub, ibv_qp_init_attr_ex* attr) {
   if (attr == nullptr) return EINVAL;
   ibv_context* verbs;
   ibv_pd* shared_pd;
+  ibv_srq* srq;
   {
     std::lock_guard lock(mu_);
     CmId* id = FindId(pub);
     if (id == nullptr || id->pub.qp != nullptr) return EINVAL;
     verbs = id->pub.verbs;
     shared_pd = id->pub.pd;
+    srq = id->pub.srq;
   }
   if (verbs == nullptr) return EINVAL;  // no device (CM-only mode, or not bound yet)
   if ((attr->comp_mask & IBV_QP_INIT_ATTR_PD) == 0 || attr->pd == nullptr) {
@@ -50,6 +52,8 @@ int Core::CreateQpEx(rdma_cm_id* pub, ibv_qp_init_attr_ex* attr) {
     attr->comp_mask |= IBV_QP_INIT_ATTR_PD;
   }
   if (attr->pd == nullptr || attr->pd->context != verbs) return EINVAL;
+  // As librdmacm: the id's SRQ (rdma_create_srq) serves a QP given none.
+  if (attr->srq == nullptr) attr->srq = srq;
 
   // As stock librdmacm: CQs (each with its own completion channel) for the
   // queues the caller left without one.
@@ -114,6 +118,7 @@ int Core::CreateQpEx(rdma_cm_id* pub, ibv_qp_init_attr_ex* attr) {
     return EINVAL;
   }
   id->pub.qp = qp;
+  id->pub.pd = qp->pd;  // as librdmacm: rdma_reg_msgs and friends use it
   id->own_qp_num = qp->qp_num;
   if (send_cq != nullptr) {
     id->pub.send_cq = send_cq;
