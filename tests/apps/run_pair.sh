@@ -9,6 +9,8 @@
 #   rping <address|eth> <size> [<dialect>|crc-require]
 #   perftest <tool> [perftest flags...]
 #   fi_pingpong <msg|rdm>
+#   rdma_server | rdma_xserver | ucmatose | cmtime   (rdmacm-utils pairs)
+#   refused <status> <line|-> <program> [args...]    (one program iWARP cannot serve)
 # Exit status: 0 pass, 1 fail, 77 skipped (e.g. no non-loopback address).
 set -u
 run=$1
@@ -86,6 +88,16 @@ run_pair() {
 	if [ "$client_status" -ne 0 ]; then
 		# The server may wait forever for a peer that has gone.
 		kill -TERM "$server_pid" 2>/dev/null
+	elif [ -n "${SERVER_RUNS_FOREVER:-}" ]; then
+		# A server that never exits by itself (cmtime): it must still be
+		# running, then it is stopped and its SIGTERM status is success.
+		sleep 0.5
+		kill -0 "$server_pid" 2>/dev/null || fail "server exited early: ${server[*]}"
+		kill -TERM "$server_pid" 2>/dev/null
+		wait "$server_pid"
+		server_pid=""
+		[ "$client_status" -eq 0 ] || fail "client exited with $client_status: ${client[*]}"
+		return
 	fi
 	wait "$server_pid"
 	server_status=$?
@@ -206,8 +218,58 @@ fi_pingpong)
 	echo "fi_pingpong -p verbs -e $ep over $addr:"
 	cat "$client_log"
 	;;
+rdma_server | rdma_xserver)
+	# librdmacm's own examples: rdma_getaddrinfo, rdma_create_ep (the QP
+	# made by rdma_get_request on the server), rdma_verbs.h helpers. Each
+	# prints "<name>: end 0" on success and "end -1" on any failure.
+	client=${what/server/client}
+	run_pair "$port" "$what" -p "$port" -- "$client" -s 127.0.0.1 -p "$port"
+	grep -qx "$what: end 0" "$server_log" || fail "no '$what: end 0' from the server"
+	grep -qx "$client: end 0" "$client_log" || fail "no '$client: end 0' from the client"
+	echo "$what / $client: end 0 on both sides"
+	;;
+ucmatose)
+	# 4 connections, 10 messages each way on each, then disconnects.
+	run_pair "$port" ucmatose -p "$port" -c 4 -C 10 -- ucmatose -s 127.0.0.1 -p "$port" -c 4 -C 10
+	for log in "$server_log" "$client_log"; do
+		grep -qx "data transfers complete" "$log" || fail "no 'data transfers complete'"
+		grep -qx "return status 0" "$log" || fail "no 'return status 0'"
+	done
+	echo "ucmatose -c 4 -C 10: return status 0 on both sides"
+	;;
+cmtime)
+	# Connection setup and teardown timing over 100 connections. The server
+	# never exits by itself. The figures are printed, not judged.
+	SERVER_RUNS_FOREVER=1
+	run_pair "$port" cmtime -p "$port" -- cmtime -s 127.0.0.1 -p "$port" -c 100
+	for step in "create id" "resolve addr" "resolve route" "create qp" "connect" \
+		"disconnect" "destroy"; do
+		grep -Eq "^$step *: +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+$" "$client_log" ||
+			fail "no timing row for '$step'"
+	done
+	echo "cmtime -c 100 (loopback):"
+	grep -E '^(step|create|resolve|connect|disconnect|destroy)' "$client_log"
+	;;
+refused)
+	# A program that needs what iWARP lacks (UD QPs, multicast, XRC) must
+	# fail at once: the given exit status, the given line of its own, and
+	# siwx's line naming the reason and errno. A hang ends in timeout's 124.
+	want_status=$1
+	want_line=$2
+	shift 2
+	timeout -k 5 20 "$run" -- "$@" >"$client_log" 2>&1
+	status=$?
+	[ "$status" -eq "$want_status" ] || fail "$* exited with $status, expected $want_status"
+	if [ "$want_line" != - ]; then
+		grep -qxF "$want_line" "$client_log" || fail "no line '$want_line'"
+	fi
+	grep -Eq '^siwx: error: rdma_create_id refused: RDMA_PS_[A-Z]+ with [A-Za-z ]+ QPs; iWARP has only RC QPs .*\(EOPNOTSUPP\)$' \
+		"$client_log" || fail "no siwx line naming the refusal"
+	echo "$*: refused at once (status $status):"
+	cat "$client_log"
+	;;
 *)
-	echo "usage: $0 <siwx-run> rping|perftest|fi_pingpong args..." >&2
+	echo "usage: $0 <siwx-run> rping|perftest|fi_pingpong|rdma_server|rdma_xserver|ucmatose|cmtime|refused args..." >&2
 	exit 2
 	;;
 esac
