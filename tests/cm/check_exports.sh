@@ -17,7 +17,7 @@ have=$(exports "$ours")
 missing=$(comm -23 <(printf '%s\n' "$want") <(printf '%s\n' "$have"))
 if [ -n "$missing" ]; then
 	echo "FAIL: exported by $stock but not by $ours:"
-	printf '  %s\n' "$missing"
+	printf '%s\n' "$missing" | sed 's/^/  /'
 	exit 1
 fi
 echo "all $(printf '%s\n' "$want" | wc -l) rdma_* exports of $stock are in $ours"
