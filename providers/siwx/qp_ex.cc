@@ -123,7 +123,10 @@ engine::SendWorkRequest* Last(ibv_qp_ex* qpx, WrBatch** batch_out) {
   return &batch->wrs.back();
 }
 
-void Unserved(ibv_qp_ex* qpx) {
+// Any entry of the table siwx does not serve, whatever its other parameters
+// (deduced from the member it is assigned to).
+template <typename... Ignored>
+void UnservedEntry(ibv_qp_ex* qpx, Ignored...) {
   if (WrBatch* batch = Region(qpx); batch != nullptr) Fail(*batch, EINVAL);
 }
 
@@ -303,27 +306,19 @@ int EnableSendApi(Qp* qp, std::uint64_t send_ops_flags, const ibv_qp_cap& cap) {
   qpx.wr_complete = WrComplete;
   qpx.wr_abort = WrAbort;
   // What the QP does not serve: never NULL, each marks the batch failed.
-  qpx.wr_atomic_cmp_swp = [](ibv_qp_ex* q, std::uint32_t, std::uint64_t, std::uint64_t,
-                             std::uint64_t) { Unserved(q); };
-  qpx.wr_atomic_fetch_add = [](ibv_qp_ex* q, std::uint32_t, std::uint64_t, std::uint64_t) {
-    Unserved(q);
-  };
-  qpx.wr_bind_mw = [](ibv_qp_ex* q, ibv_mw*, std::uint32_t, const ibv_mw_bind_info*) {
-    Unserved(q);
-  };
-  qpx.wr_rdma_write_imm = [](ibv_qp_ex* q, std::uint32_t, std::uint64_t, __be32) { Unserved(q); };
-  qpx.wr_send_imm = [](ibv_qp_ex* q, __be32) { Unserved(q); };
-  qpx.wr_send_tso = [](ibv_qp_ex* q, void*, std::uint16_t, std::uint16_t) { Unserved(q); };
-  qpx.wr_set_ud_addr = [](ibv_qp_ex* q, ibv_ah*, std::uint32_t, std::uint32_t) { Unserved(q); };
-  qpx.wr_set_xrc_srqn = [](ibv_qp_ex* q, std::uint32_t) { Unserved(q); };
+  qpx.wr_atomic_cmp_swp = UnservedEntry;
+  qpx.wr_atomic_fetch_add = UnservedEntry;
+  qpx.wr_bind_mw = UnservedEntry;
+  qpx.wr_rdma_write_imm = UnservedEntry;
+  qpx.wr_send_imm = UnservedEntry;
+  qpx.wr_send_tso = UnservedEntry;
+  qpx.wr_set_ud_addr = UnservedEntry;
+  qpx.wr_set_xrc_srqn = UnservedEntry;
 #if SIWX_IBV_QP_EX_SIZE >= 352  // rdma-core 44: atomic write
-  qpx.wr_atomic_write = [](ibv_qp_ex* q, std::uint32_t, std::uint64_t, const void*) {
-    Unserved(q);
-  };
+  qpx.wr_atomic_write = UnservedEntry;
 #endif
 #if SIWX_IBV_QP_EX_SIZE >= 360  // rdma-core 45: flush
-  qpx.wr_flush = [](ibv_qp_ex* q, std::uint32_t, std::uint64_t, std::size_t, std::uint8_t,
-                    std::uint8_t) { Unserved(q); };
+  qpx.wr_flush = UnservedEntry;
 #endif
   // ibv_qp_to_qp_ex() returns the table only with this bit set.
   qp->vqp.comp_mask |= pabi::kVerbsQpEx;
