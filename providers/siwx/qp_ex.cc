@@ -33,7 +33,8 @@
 // lock that ibv_wr_complete/ibv_wr_abort release, so the region is one
 // thread's at a time. Builders and setters act only for the thread inside
 // the region; called outside one they do nothing. ibv_wr_complete outside a
-// region returns EINVAL. ibv_post_send is not blocked by the region: the
+// region returns EINVAL; destroying the QP inside its region drops the
+// batch. ibv_post_send is not blocked by the region: the
 // two may interleave between regions, as the man page allows.
 #include <algorithm>
 #include <cerrno>
@@ -326,7 +327,15 @@ int EnableSendApi(Qp* qp, std::uint64_t send_ops_flags, const ibv_qp_cap& cap) {
 }
 
 void DisableSendApi(Qp* qp) {
-  delete qp->wr_batch;
+  WrBatch* batch = qp->wr_batch;
+  // Destroyed by the thread inside its region: leave it first (a mutex is
+  // not destroyed locked). Another thread's open region is the
+  // application's use after free, as with any verb on a destroyed QP.
+  if (batch != nullptr &&
+      batch->owner.load(std::memory_order_relaxed) == std::this_thread::get_id()) {
+    CloseRegion(*batch);
+  }
+  delete batch;
   qp->wr_batch = nullptr;
 }
 
