@@ -21,6 +21,8 @@ packages=(
   python3-matplotlib
   # libfabric's fi_pingpong, for the libfabric verbs-provider test
   libfabric-bin
+  # Open MPI (mpirun, mpicc), for the MPI-over-iWARP test (apps.mpi)
+  openmpi-bin libopenmpi-dev
   # the rdma-core Python binding, for the pyverbs smoke test
   python3-pyverbs
   # the two-host tests: NFQUEUE rules and the userspace impairment on them

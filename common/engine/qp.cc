@@ -150,6 +150,16 @@ PostStatus Qp::PostSend(const SendWorkRequest& wr) {
 }
 
 PostStatus Qp::PostSend(std::span<const SendWorkRequest> wrs, std::size_t* posted) {
+  return PostSendList(wrs, posted, false);
+}
+
+PostStatus Qp::PostSendAll(std::span<const SendWorkRequest> wrs) {
+  std::size_t posted = 0;
+  return PostSendList(wrs, &posted, true);
+}
+
+PostStatus Qp::PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* posted,
+                            bool all_or_nothing) {
   std::size_t count = 0;
   PostStatus status = PostStatus::kOk;
   bool flushed = false;
@@ -157,6 +167,21 @@ PostStatus Qp::PostSend(std::span<const SendWorkRequest> wrs, std::size_t* poste
     status = PostStatus::kInvalidState;
   } else {
     std::lock_guard lock(queue_mutex_);
+    if (all_or_nothing) {
+      // The same checks as the loop below, all made before anything is queued.
+      for (const SendWorkRequest& wr : wrs) {
+        status = ValidateSendWorkRequest(wr, config_.sq_caps);
+        if (status != PostStatus::kOk) break;
+      }
+      if (status == PostStatus::kOk && !wrs.empty() &&
+          SendPostDisposition(state_.state()) == PostDisposition::kReject) {
+        status = PostStatus::kInvalidState;
+      }
+      if (status == PostStatus::kOk && sq_.slots.size() - sq_.size() < wrs.size()) {
+        status = PostStatus::kQueueFull;
+      }
+      if (status != PostStatus::kOk) wrs = {};
+    }
     for (const SendWorkRequest& wr : wrs) {
       status = ValidateSendWorkRequest(wr, config_.sq_caps);
       if (status != PostStatus::kOk) break;

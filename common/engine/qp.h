@@ -203,6 +203,9 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   // idle; otherwise the current owner or the progress thread sends it.
   PostStatus PostSend(const SendWorkRequest& wr);
   PostStatus PostSend(std::span<const SendWorkRequest> wrs, std::size_t* posted);
+  // ibv_wr_complete: every WR of `wrs` or none (the status of the first WR
+  // that would fail, or kQueueFull when the SQ lacks room for all of them).
+  PostStatus PostSendAll(std::span<const SendWorkRequest> wrs);
   // ibv_post_recv; kInvalidState when the QP uses an SRQ (post there).
   PostStatus PostRecv(const ReceiveWorkRequest& wr);
 
@@ -245,6 +248,11 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   friend class Engine;
   friend class QpTx;
   friend class QpRx;
+
+  // PostSend and PostSendAll: queues a prefix of `wrs`, or with
+  // all_or_nothing all of them or none.
+  PostStatus PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* posted,
+                          bool all_or_nothing);
 
   // One send WR from post to completion. Fields are written under
   // queue_mutex_ (the WR record only at post time).

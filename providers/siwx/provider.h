@@ -174,8 +174,13 @@ struct QpShared {
   siwx_stream_notify notify{};          // valid while notify_pending
 };
 
-// A reliable connected QP. The ibv_qp_ex send API is not offered: comp_mask
-// stays 0, so ibv_qp_to_qp_ex() returns NULL for it.
+// The ibv_wr_* batch of a QP that has the extended send API (qp_ex.cc).
+struct WrBatch;
+
+// A reliable connected QP. One created with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS
+// also has the ibv_qp_ex send API (qp_ex.cc): vqp.comp_mask says so, and
+// wr_batch holds its work between ibv_wr_start and ibv_wr_complete. Other
+// QPs have comp_mask 0, so ibv_qp_to_qp_ex() returns NULL for them.
 struct Qp {
   pabi::verbs_qp vqp;
   Context* context;
@@ -185,6 +190,7 @@ struct Qp {
   Srq* srq;          // may be null
   QpShared* shared;  // owned
   std::atomic<std::uint32_t> events_posted;  // async events posted about it
+  WrBatch* wr_batch;  // owned; null without the extended send API
 };
 
 static_assert(std::is_standard_layout_v<Device> && offsetof(Device, vdev) == 0);
@@ -257,6 +263,13 @@ int QueryQp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask, ibv_qp_init_attr* init
 int DestroyQp(ibv_qp* qp) noexcept;
 int PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept;
 int PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcept;
+
+// The extended send API (qp_ex.cc). CheckSendOpsFlags: 0, or EOPNOTSUPP for
+// an operation siwx does not serve. EnableSendApi fills the QP's ibv_qp_ex
+// table for the granted capacities: 0 or ENOMEM. DisableSendApi frees it.
+int CheckSendOpsFlags(std::uint64_t send_ops_flags);
+int EnableSendApi(Qp* qp, std::uint64_t send_ops_flags, const ibv_qp_cap& cap);
+void DisableSendApi(Qp* qp);
 
 // The engine's async events for the context's QPs (EngineConfig callback):
 // QP events go to the async fd, the end of a stream to the CM's notify.

@@ -37,7 +37,8 @@
 // ibv_cmd_modify_qp answers. Any invalid attribute fails the whole call with
 // nothing changed.
 //
-// Posting: ibv_send_wr/ibv_recv_wr lists become engine work requests.
+// Posting: ibv_send_wr/ibv_recv_wr lists become engine work requests (the
+// ibv_wr_* API of ibv_create_qp_ex QPs is in qp_ex.cc).
 // SEND, SEND_WITH_INV, RDMA_WRITE, RDMA_READ and LOCAL_INV are served; the
 // immediate-data opcodes, atomics, BIND_MW, TSO and driver opcodes are EINVAL,
 // as the rdma-core siw provider answers. Flags FENCE, SIGNALED, SOLICITED and
@@ -152,6 +153,7 @@ void ReleaseQp(Qp* qp) {
   ReturnBudget(qp->context->state->device->qp_count);
   pthread_cond_destroy(&qp->vqp.qp.cond);
   pthread_mutex_destroy(&qp->vqp.qp.mutex);
+  DisableSendApi(qp);
   delete qp->shared;
   delete qp;
 }
@@ -486,11 +488,19 @@ ibv_qp* CreateQpEx(ibv_context* context, ibv_qp_init_attr_ex* attr) noexcept {
     errno = EINVAL;
     return nullptr;
   }
-  // Creation flags, XRC domains, RSS, the ibv_wr_* send API and the other
-  // extensions are not offered.
-  if ((attr->comp_mask & ~static_cast<std::uint32_t>(IBV_QP_INIT_ATTR_PD)) != 0) {
+  // The ibv_wr_* send API is offered (qp_ex.cc); creation flags, XRC
+  // domains, RSS and the other extensions are not.
+  constexpr std::uint32_t kOffered = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  if ((attr->comp_mask & ~kOffered) != 0) {
     errno = EOPNOTSUPP;
     return nullptr;
+  }
+  const bool send_api = (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0;
+  if (send_api) {
+    if (int error = CheckSendOpsFlags(attr->send_ops_flags); error != 0) {
+      errno = error;
+      return nullptr;
+    }
   }
   ibv_qp_init_attr basic{};
   basic.qp_context = attr->qp_context;
@@ -501,7 +511,15 @@ ibv_qp* CreateQpEx(ibv_context* context, ibv_qp_init_attr_ex* attr) noexcept {
   std::memcpy(&basic.qp_type, &attr->qp_type, sizeof(basic.qp_type));  // any value: checked later
   basic.sq_sig_all = attr->sq_sig_all;
   ibv_qp* qp = CreateQp(attr->pd, &basic);
-  if (qp != nullptr) attr->cap = basic.cap;
+  if (qp == nullptr) return nullptr;
+  if (send_api) {
+    if (int error = EnableSendApi(ToSiwx(qp), attr->send_ops_flags, basic.cap); error != 0) {
+      DestroyQp(qp);
+      errno = error;
+      return nullptr;
+    }
+  }
+  attr->cap = basic.cap;
   return qp;
 }
 

@@ -8,8 +8,10 @@
 # fills with every TCP packet a sends or receives on veth0. Host b runs the
 # client.
 #
-# Usage: run_twohost.sh <siwx-run> <twohost_traffic> <impair> <scenario>
-# Scenarios: see the case statement at the end (and README.md here).
+# Usage: run_twohost.sh <siwx-run> <twohost_traffic> <impair> <scenario> [args]
+# Scenarios: see the case statement at the end (and README.md here). The
+# mpi scenario takes the mpi_check binary (tests/apps) and the Open MPI
+# mpirun as args.
 # Exit status: 0 pass, 1 fail, 77 skipped (no root, no `ip netns`, no
 # NFQUEUE). The namespaces get names unique to this run and are removed on
 # every exit; ones left by a run that was killed outright are removed by
@@ -19,6 +21,7 @@ run=$1
 traffic=$2
 impair=$3
 scenario=$4
+shift 4
 
 addr_a=192.0.2.1
 addr_b=192.0.2.2
@@ -461,6 +464,55 @@ connections)
 	cat "$work/burst.log"
 	grep -q ' left_open=0$' "$work/burst.log" || fail "the server left hostile connections open"
 	grep '^twohost_traffic: usage' "$work/server.log"
+	;;
+mpi)
+	# A 2-rank Open MPI job, one rank per host, over siwx_veth0 (pml cm,
+	# mtl ofi, libfabric verbs;ofi_rxm; tests/apps/run_mpi.sh runs the
+	# same job on one host). mpirun runs in host a; its remote launcher
+	# (plm_rsh_agent) is a script that runs the daemon's command in the
+	# namespace of the host named by its address instead of over ssh. Each
+	# rank runs under siwx-run.
+	mpi_check=${1:-}
+	mpirun=${2:-mpirun.openmpi}
+	[ -n "$mpi_check" ] && [ -x "$mpi_check" ] || skip "mpi_check was not built (no Open MPI)"
+	command -v "$mpirun" >/dev/null || skip "no Open MPI mpirun"
+	agent="$work/netns-rsh"
+	cat >"$agent" <<-AGENT
+		#!/bin/sh
+		# mpirun's remote shell: <host address> <command...> -> the namespace
+		case "\$1" in
+		$addr_a) ns=$ns_a ;;
+		$addr_b) ns=$ns_b ;;
+		*) echo "netns-rsh: unknown host \$1" >&2; exit 1 ;;
+		esac
+		shift
+		exec ip netns exec "\$ns" /bin/sh -c "\$*"
+	AGENT
+	chmod +x "$agent"
+	printf '%s slots=1\n%s slots=1\n' "$addr_a" "$addr_b" >"$work/hostfile"
+	# The two "hosts" share this machine's cores: ranks that spin while
+	# idle (the default when the hostfile's slots are not oversubscribed)
+	# starve siwx's progress threads (8 ms round trips instead of 0.7 ms
+	# on 2 cores), so they yield, as --oversubscribe makes them do in
+	# apps.mpi.
+	in_a timeout -k 10 150 "$mpirun" --allow-run-as-root -np 2 --hostfile "$work/hostfile" \
+		--mca mpi_yield_when_idle 1 \
+		--mca plm_rsh_agent "$agent" --mca plm_rsh_no_tree_spawn 1 \
+		--mca oob_tcp_if_include veth0 \
+		--mca pml cm --mca mtl ofi --mca mtl_ofi_provider_include verbs --mca btl self \
+		--mca mtl_base_verbose 10 \
+		-x FI_PROVIDER=verbs -x FI_VERBS_IFACE=veth0 -x SIWX_LOG_LEVEL=info \
+		"$run" -- "$mpi_check" >"$work/mpi.log" 2>&1
+	status=$?
+	[ "$status" -eq 0 ] || fail "mpirun exited with $status"
+	grep -q '^mpi_check: all checks passed' "$work/mpi.log" || fail "mpi_check did not pass"
+	domains=$(grep -c 'mtl:ofi:provider: siwx_veth0' "$work/mpi.log")
+	[ "$domains" -eq 2 ] || fail "$domains ranks report the siwx_veth0 domain, expected 2"
+	grep -Eq "connected as Initiator with ($addr_a|$addr_b):" "$work/mpi.log" ||
+		fail "no siwx connection between the hosts"
+	grep -Eq "accepted as Responder with ($addr_a|$addr_b):" "$work/mpi.log" ||
+		fail "no siwx connection between the hosts"
+	grep '^mpi_check: ' "$work/mpi.log"
 	;;
 *)
 	echo "unknown scenario '$scenario'" >&2

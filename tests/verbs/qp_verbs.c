@@ -74,7 +74,7 @@ static void creation(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv_cq *
 	CHECK_EQ(attr.cap.max_send_sge, 2);
 	CHECK_EQ(attr.cap.max_recv_sge, 3);
 	CHECK_EQ(attr.cap.max_inline_data, 256);
-	/* No ibv_wr_* send API. */
+	/* Made without send_ops_flags: no ibv_wr_* send API (qp_wr.c). */
 	CHECK(ibv_qp_to_qp_ex(qp) == NULL);
 
 	/* The QP uses the PD and both CQs. */
