@@ -160,7 +160,11 @@ PostStatus Qp::PostSend(std::span<const SendWorkRequest> wrs, std::size_t* poste
     for (const SendWorkRequest& wr : wrs) {
       status = ValidateSendWorkRequest(wr, config_.sq_caps);
       if (status != PostStatus::kOk) break;
-      const PostDisposition disposition = SendPostDisposition(state_.state());
+      PostDisposition disposition = SendPostDisposition(state_.state());
+      if (disposition == PostDisposition::kReject && state_.state() == QpState::kRtr &&
+          queue_sends_before_stream_.load(std::memory_order_acquire)) {
+        disposition = PostDisposition::kAccept;  // waits in the SQ for Bind
+      }
       if (disposition == PostDisposition::kReject) {
         status = PostStatus::kInvalidState;
         break;
@@ -216,6 +220,7 @@ QpStatus Qp::Modify(QpState target, std::optional<QpState> expected_current) {
   if (destroyed_.load(std::memory_order_acquire)) return QpStatus::kIllegalTransition;
   const TransitionResult t = state_.Modify(target, expected_current);
   if (t.status != QpStatus::kOk) return t.status;
+  if (t.to == QpState::kReset) queue_sends_before_stream_.store(false);
   if ((t.actions & kQpActionCloseLlp) != 0) {
     {
       std::lock_guard lock(queue_mutex_);

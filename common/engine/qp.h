@@ -206,6 +206,12 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   // ibv_post_recv; kInvalidState when the QP uses an SRQ (post there).
   PostStatus PostRecv(const ReceiveWorkRequest& wr);
 
+  // Out-of-band connect (docs/out-of-band-connect.md): the application
+  // asked for RTS while the stream is still being set up. From now on send
+  // WRs posted in RTR are queued instead of refused; Bind starts them, in
+  // order, ahead of anything posted later; an error before that flushes them.
+  void QueueSendsBeforeStream() { queue_sends_before_stream_.store(true); }
+
   // ibv_modify_qp(IBV_QP_STATE). Entering ERR aborts the stream (RST) and
   // flushes every WR; RESET discards them; SQD is Disconnect.
   QpStatus Modify(QpState target, std::optional<QpState> expected_current = std::nullopt);
@@ -354,6 +360,8 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
 
   QpStateMachine state_;                 // atomic
   std::atomic<bool> destroyed_{false};   // Destroy called
+  // Send posts in RTR are queued (QueueSendsBeforeStream); cleared at RESET.
+  std::atomic<bool> queue_sends_before_stream_{false};
   // RX -> TX: we may transmit (the peer's RTR, or the first FPDU a
   // responder waits for, arrived; true at once otherwise).
   std::atomic<bool> rtr_received_{false};

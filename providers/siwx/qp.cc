@@ -64,6 +64,7 @@
 
 #include "common/wire/terminate.h"
 #include "providers/siwx/log.h"
+#include "providers/siwx/oob.h"
 #include "providers/siwx/provider.h"
 
 namespace siwx::provider {
@@ -509,6 +510,7 @@ int ModifyQp(ibv_qp* ibqp, ibv_qp_attr* attr, int attr_mask) noexcept {
   if (attr_mask == 0) return 0;
   if (attr == nullptr) return EINVAL;
   if (int error = CheckModifyAttr(*attr, attr_mask); error != 0) return error;
+  if (int error = oob::CheckModify(ToSiwx(ibqp), *attr, attr_mask); error != 0) return error;
   QpShared& shared = *ToSiwx(ibqp)->shared;
   engine::Qp& engine_qp = *shared.engine;
   if ((attr_mask & IBV_QP_STATE) != 0) {
@@ -521,6 +523,10 @@ int ModifyQp(ibv_qp* ibqp, ibv_qp_attr* attr, int attr_mask) noexcept {
     if (target == engine::QpState::kRts && now == engine::QpState::kRtr) {
       // RTS waits for the stream (see the top of this file).
       if (expected && *expected != now) return EINVAL;
+      oob::OnRtsRequested(ToSiwx(ibqp));
+    } else if (target == engine::QpState::kRts && now == engine::QpState::kRts &&
+               expected == engine::QpState::kRtr) {
+      // The out-of-band stream came up before the application's RTS.
     } else {
       engine::QpStatus status;
       try {
@@ -529,6 +535,7 @@ int ModifyQp(ibv_qp* ibqp, ibv_qp_attr* attr, int attr_mask) noexcept {
         return ENOMEM;
       }
       if (status != engine::QpStatus::kOk) return EINVAL;
+      if (target == engine::QpState::kRtr) oob::OnRtr(ToSiwx(ibqp), *attr, attr_mask);
     }
   }
   std::lock_guard<std::mutex> lock(shared.mutex);
@@ -603,6 +610,7 @@ int DestroyQp(ibv_qp* ibqp) noexcept {
     SIWX_LOG(kError, "QP %u: out of memory while destroying it", ibqp->qp_num);
   }
   RemoveQueuedCompletions(*qp);
+  oob::Release(shared);
   if (std::optional<siwx_stream_notify> notify = TakeNotify(shared);
       notify && notify->event != nullptr) {
     notify->event(notify->cookie, SIWX_STREAM_EVENT_ERROR, ECONNABORTED);
