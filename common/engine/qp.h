@@ -211,6 +211,14 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   // WRs posted in RTR are queued instead of refused; Bind starts them, in
   // order, ahead of anything posted later; an error before that flushes them.
   void QueueSendsBeforeStream() { queue_sends_before_stream_.store(true); }
+  // Out-of-band connect: end the stream as an InfiniBand RC QP ends, which
+  // is what programs that connect QPs themselves expect. Destroy closes
+  // with FIN after what TCP holds (not RST: the peer's last message may
+  // still be in our send buffer), and the peer's orderly close leaves the
+  // posted receives outstanding instead of flushing them (a peer that
+  // destroys its QP does not flush ours on InfiniBand); they flush on a
+  // later ibv_modify_qp to ERR or post_recv. Cleared at RESET.
+  void UseIbTeardown() { ib_teardown_.store(true); }
 
   // ibv_modify_qp(IBV_QP_STATE). Entering ERR aborts the stream (RST) and
   // flushes every WR; RESET discards them; SQD is Disconnect.
@@ -362,6 +370,9 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   std::atomic<bool> destroyed_{false};   // Destroy called
   // Send posts in RTR are queued (QueueSendsBeforeStream); cleared at RESET.
   std::atomic<bool> queue_sends_before_stream_{false};
+  std::atomic<bool> ib_teardown_{false};             // UseIbTeardown
+  std::atomic<bool> peer_closed_gracefully_{false};  // RX: FIN at a message boundary
+  std::atomic<bool> receives_held_{false};           // Finalize kept the RQ (ib_teardown_)
   // RX -> TX: we may transmit (the peer's RTR, or the first FPDU a
   // responder waits for, arrived; true at once otherwise).
   std::atomic<bool> rtr_received_{false};

@@ -770,6 +770,7 @@ void OnRtr(Qp* qp, const ibv_qp_attr& attr, int attr_mask) {
   }
   const std::uint64_t context_id = context->state->id;
   const std::uint64_t token = shared.token;
+  shared.engine->UseIbTeardown();
   if (parked_fd >= 0) {
     const int rc = BindStream(context, qp_num, parked_fd, &parked_params, nullptr);
     if (rc != 0) {
