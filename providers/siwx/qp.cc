@@ -119,8 +119,14 @@ std::uint32_t RawValue(const Enum& field) {
 
 // The create checks: 0 or the errno ibv_create_qp fails with.
 int CheckInitAttr(ibv_context* context, const ibv_qp_init_attr& attr) {
-  // iWARP has reliable connected QPs only (RFC 5040 defines no datagrams).
-  if (RawValue(attr.qp_type) != IBV_QPT_RC) return EOPNOTSUPP;
+  // iWARP has reliable connected QPs only (RFC 5040 defines no datagrams);
+  // kernel siw's siw_create_qp answers EOPNOTSUPP too.
+  if (const std::uint32_t type = RawValue(attr.qp_type); type != IBV_QPT_RC) {
+    const char* name = type == IBV_QPT_UD ? "UD" : type == IBV_QPT_UC ? "UC" : "other than RC";
+    SIWX_LOG(kDebug, "ibv_create_qp: QP type %s: iWARP has reliable connected QPs only "
+             "(EOPNOTSUPP)", name);
+    return EOPNOTSUPP;
+  }
   // Receive completions, also those of an SRQ, go to the receive CQ.
   if (attr.send_cq == nullptr || attr.recv_cq == nullptr) return EINVAL;
   if (attr.send_cq->context != context || attr.recv_cq->context != context ||
