@@ -16,6 +16,7 @@
 #include "providers/siwx/oob.h"
 
 #include <arpa/inet.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -143,6 +144,7 @@ bool Less(const GidBytes& a_gid, std::uint32_t a_qpn, const GidBytes& b_gid,
 
 struct Listener {
   Device* device = nullptr;
+  pid_t pid = 0;  // the process it serves: a fork()ed child opens its own
   int fd = -1;
   Endpoint endpoint;
   bool failed = false;  // could not be opened; not retried (its GID is out)
@@ -215,8 +217,11 @@ void FailIfUnbound(Device* device, std::uint64_t context_id, std::uint32_t qp_nu
   WithQp(
       device, context_id, qp_num, token,
       [&](Found& f) {
+        // Still armed and waiting in RTR (a RESET since disarmed it).
         const engine::QpAttributes a = f.qp->shared->engine->Query();
-        if (a.bound || a.state == engine::QpState::kError) return;
+        if (a.bound || a.state != engine::QpState::kRtr) return;
+        std::lock_guard<std::mutex> lock(f.qp->shared->mutex);
+        if (!f.qp->shared->oob_armed || f.qp->shared->oob_cm_bound) return;
         engine_qp = f.qp->shared->engine;
       },
       [&](Context* context) {
@@ -546,7 +551,7 @@ void Serve(Device* device, int fd) {
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     for (Listener* l : *g_listeners) {
-      if (l->device == device) local_gid = EncodeGid(l->endpoint);
+      if (l->device == device && l->pid == ::getpid()) local_gid = EncodeGid(l->endpoint);
     }
   }
   const RequestDecider decide = [&](const mpa::StartupOffer& offer,
@@ -657,13 +662,15 @@ std::optional<GidBytes> LocalGid(Device* device) {
   }
   ifname[sizeof(ifname) - 1] = '\0';
   std::lock_guard<std::mutex> lock(g_mutex);
+  const pid_t pid = ::getpid();
   for (Listener* l : *g_listeners) {
-    if (l->device != device) continue;
+    if (l->device != device || l->pid != pid) continue;
     if (l->failed) return std::nullopt;
     return EncodeGid(l->endpoint);
   }
   auto* listener = new Listener();  // lives as long as the process
   listener->device = device;
+  listener->pid = pid;
   g_listeners->push_back(listener);
   std::uint32_t address = 0;
   int rc = transport::Ipv4AddressOf(ifname, &address);
@@ -827,6 +834,8 @@ void NoteCmBound(Context* context, std::uint32_t qp_num) {
 
 void Release(QpShared& shared) {
   std::lock_guard<std::mutex> lock(shared.mutex);
+  shared.oob_armed = false;
+  shared.oob_dialer = false;
   if (shared.oob_parked_fd >= 0) {
     transport::CloseFd(shared.oob_parked_fd);
     shared.oob_parked_fd = -1;

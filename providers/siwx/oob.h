@@ -59,7 +59,8 @@ void OnRtsRequested(Qp* qp);
 
 // The CM bound a stream to the QP: it is not out of band.
 void NoteCmBound(Context* context, std::uint32_t qp_num);
-// ibv_destroy_qp: drops a parked stream.
+// ibv_destroy_qp and a modify to RESET: disarms the QP and drops a parked
+// stream.
 void Release(QpShared& shared);
 
 }  // namespace siwx::provider::oob

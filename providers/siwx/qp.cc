@@ -542,6 +542,7 @@ int ModifyQp(ibv_qp* ibqp, ibv_qp_attr* attr, int attr_mask) noexcept {
       }
       if (status != engine::QpStatus::kOk) return EINVAL;
       if (target == engine::QpState::kRtr) oob::OnRtr(ToSiwx(ibqp), *attr, attr_mask);
+      if (target == engine::QpState::kReset) oob::Release(shared);
     }
   }
   std::lock_guard<std::mutex> lock(shared.mutex);
