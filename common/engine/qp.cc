@@ -185,7 +185,11 @@ PostStatus Qp::PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* p
     for (const SendWorkRequest& wr : wrs) {
       status = ValidateSendWorkRequest(wr, config_.sq_caps);
       if (status != PostStatus::kOk) break;
-      const PostDisposition disposition = SendPostDisposition(state_.state());
+      PostDisposition disposition = SendPostDisposition(state_.state());
+      if (disposition == PostDisposition::kReject && state_.state() == QpState::kRtr &&
+          queue_sends_before_stream_.load(std::memory_order_acquire)) {
+        disposition = PostDisposition::kAccept;  // waits in the SQ for Bind
+      }
       if (disposition == PostDisposition::kReject) {
         status = PostStatus::kInvalidState;
         break;
@@ -241,6 +245,13 @@ QpStatus Qp::Modify(QpState target, std::optional<QpState> expected_current) {
   if (destroyed_.load(std::memory_order_acquire)) return QpStatus::kIllegalTransition;
   const TransitionResult t = state_.Modify(target, expected_current);
   if (t.status != QpStatus::kOk) return t.status;
+  if (t.to == QpState::kReset) {
+    queue_sends_before_stream_.store(false);
+    ib_teardown_.store(false);
+  }
+  if (t.from == QpState::kError && t.to == QpState::kError && receives_held_.exchange(false)) {
+    engine_->Submit({Engine::CommandKind::kFlushReceives, shared_from_this(), 0});
+  }
   if ((t.actions & kQpActionCloseLlp) != 0) {
     {
       std::lock_guard lock(queue_mutex_);
@@ -300,6 +311,8 @@ BindStatus Qp::Bind(std::unique_ptr<transport::TcpStream> stream, const StreamPa
   }
   rtr_received_.store(params.rtr_role != RtrRole::kAwait && !params.await_first_fpdu,
                       std::memory_order_release);
+  peer_closed_gracefully_.store(false);
+  receives_held_.store(false);
   teardown_deadline_.store(0, std::memory_order_release);
   LockTxExclusive();
   tx_.Start(params, max_ulpdu);
@@ -613,7 +626,13 @@ void Qp::Finalize(std::uint32_t flags) {
     tx_mail_.store(false, std::memory_order_relaxed);
   }
   if (!discard) RetireSq();
-  if (own_rq_) {
+  // UseIbTeardown: the peer ended the stream in order; its end leaves our
+  // receives as they are (the application may still be polling for the
+  // last message, and a flush in the same poll would look like a failure).
+  const bool hold_receives = ib_teardown_.load() && peer_closed_gracefully_.load() && !abort &&
+                             !discard;
+  if (hold_receives) receives_held_.store(true);
+  if (own_rq_ && !hold_receives) {
     std::vector<ReceiveWorkRequest> flushed = own_rq_->Flush();
     if (!discard) {
       for (const ReceiveWorkRequest& wr : flushed) {
@@ -647,7 +666,17 @@ void Qp::Detach() {
     tx_.Stop();
     if (stream_) {
       StopPolling();
-      stream_->Abort();
+      if (ib_teardown_.load() && !finalized_) {
+        // FIN after what TCP still holds; reading what the peer sent first
+        // keeps the close from turning into a RST.
+        stream_->ShutdownWrite();
+        std::array<std::uint8_t, 4096> sink;
+        for (int i = 0; i < 256; ++i) {
+          if (stream_->Read(sink).status != transport::IoStatus::kOk) break;
+        }
+      } else {
+        stream_->Abort();
+      }
       stream_.reset();
     }
     rx_.Stop();
@@ -666,6 +695,7 @@ void Qp::Detach() {
 
 void Qp::FlushReceives() {
   if (detached_ || !own_rq_ || state_.state() != QpState::kError) return;
+  receives_held_.store(false);
   std::lock_guard rx_lock(rx_mutex_);
   for (const ReceiveWorkRequest& wr : own_rq_->Flush()) {
     WorkCompletion wc;

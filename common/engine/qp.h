@@ -209,6 +209,20 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   // ibv_post_recv; kInvalidState when the QP uses an SRQ (post there).
   PostStatus PostRecv(const ReceiveWorkRequest& wr);
 
+  // Out-of-band connect (docs/out-of-band-connect.md): the application
+  // asked for RTS while the stream is still being set up. From now on send
+  // WRs posted in RTR are queued instead of refused; Bind starts them, in
+  // order, ahead of anything posted later; an error before that flushes them.
+  void QueueSendsBeforeStream() { queue_sends_before_stream_.store(true); }
+  // Out-of-band connect: end the stream as an InfiniBand RC QP ends, which
+  // is what programs that connect QPs themselves expect. Destroy closes
+  // with FIN after what TCP holds (not RST: the peer's last message may
+  // still be in our send buffer), and the peer's orderly close leaves the
+  // posted receives outstanding instead of flushing them (a peer that
+  // destroys its QP does not flush ours on InfiniBand); they flush on a
+  // later ibv_modify_qp to ERR or post_recv. Cleared at RESET.
+  void UseIbTeardown() { ib_teardown_.store(true); }
+
   // ibv_modify_qp(IBV_QP_STATE). Entering ERR aborts the stream (RST) and
   // flushes every WR; RESET discards them; SQD is Disconnect.
   QpStatus Modify(QpState target, std::optional<QpState> expected_current = std::nullopt);
@@ -362,6 +376,11 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
 
   QpStateMachine state_;                 // atomic
   std::atomic<bool> destroyed_{false};   // Destroy called
+  // Send posts in RTR are queued (QueueSendsBeforeStream); cleared at RESET.
+  std::atomic<bool> queue_sends_before_stream_{false};
+  std::atomic<bool> ib_teardown_{false};             // UseIbTeardown
+  std::atomic<bool> peer_closed_gracefully_{false};  // RX: FIN at a message boundary
+  std::atomic<bool> receives_held_{false};           // Finalize kept the RQ (ib_teardown_)
   // RX -> TX: we may transmit (the peer's RTR, or the first FPDU a
   // responder waits for, arrived; true at once otherwise).
   std::atomic<bool> rtr_received_{false};

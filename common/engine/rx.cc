@@ -815,6 +815,7 @@ void QpRx::OnPeerClosed() {
     return;
   }
   stopped_ = true;
+  qp_.peer_closed_gracefully_.store(true);
   // An orderly close at a message boundary: send what was posted, then FIN;
   // the QP goes to ERR (qp_state.h kPeerClosing).
   const TransitionResult t = qp_.state_.Handle(QpEvent::kPeerClosing);

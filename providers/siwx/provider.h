@@ -104,6 +104,9 @@ struct Device {
 //
 // `engine` is declared last so that it is destroyed first: its progress
 // thread calls back into `qps` and `async_events` until it has stopped.
+// A process-wide counter for identities that must never be reused.
+std::uint64_t NextObjectId();
+
 struct Qp;
 struct ContextState {
   engine::MemoryTable& memory() { return engine->memory(); }
@@ -113,6 +116,9 @@ struct ContextState {
   std::mutex qp_mutex;  // guards qps; held while an event of one of them is posted
   std::unordered_map<std::uint32_t, Qp*> qps;  // guarded by qp_mutex; live QPs by qp_num
   std::uint32_t fork_generation = 0;  // ForkGeneration() when the context was opened
+  // Unique in the process, never reused: how the out-of-band connect's
+  // threads find the context again without holding a pointer (oob.cc).
+  std::uint64_t id = NextObjectId();
   std::unique_ptr<engine::Engine> engine;
 };
 
@@ -172,6 +178,20 @@ struct QpShared {
   std::uint8_t max_dest_rd_atomic = 0;  // IBV_QP_MAX_DEST_RD_ATOMIC (IRD) as last modified
   bool notify_pending = false;          // the end of the bound stream is still to be reported
   siwx_stream_notify notify{};          // valid while notify_pending
+  // Out-of-band connect (oob.h, docs/out-of-band-connect.md).
+  const std::uint64_t token = NextObjectId();  // identity of this QP for oob.cc's threads
+  bool oob_armed = false;         // RTR named a siwx GID and a destination QP
+  bool oob_dialer = false;        // armed, and this end connects
+  bool oob_cm_bound = false;      // the CM bound a stream: never out of band
+  GidBytes oob_local_gid{};       // armed: our GID as the peer knows it
+  GidBytes oob_remote_gid{};      // armed: the peer's GID (IBV_QP_AV grh.dgid)
+  std::uint32_t oob_remote_qpn = 0;  // armed: IBV_QP_DEST_QPN
+  // A stream the device listener accepted for this QP before it was armed
+  // (the peer reached RTR first); bound when RTR names that peer.
+  int oob_parked_fd = -1;
+  siwx_stream_params oob_parked_params{};
+  std::uint32_t oob_parked_peer_qpn = 0;
+  GidBytes oob_parked_peer_gid{};
 };
 
 // The ibv_wr_* batch of a QP that has the extended send API (qp_ex.cc).
@@ -287,6 +307,11 @@ std::uint32_t ForkGeneration();
 inline bool Inherited(const Context* context) {
   return context->state->fork_generation != ForkGeneration();
 }
+
+// siwx_qp_bind_stream_num without the exported wrapper (stream.cc); the
+// out-of-band connect binds through it too.
+int BindStream(Context* context, std::uint32_t qp_num, int fd, const siwx_stream_params* params,
+               const siwx_stream_notify* notify);
 
 // Receive WR conversion shared by post_srq_recv and post_recv:
 // EINVAL for a negative or too large num_sge or a missing sg_list.

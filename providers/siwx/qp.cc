@@ -65,6 +65,7 @@
 
 #include "common/wire/terminate.h"
 #include "providers/siwx/log.h"
+#include "providers/siwx/oob.h"
 #include "providers/siwx/provider.h"
 
 namespace siwx::provider {
@@ -119,8 +120,14 @@ std::uint32_t RawValue(const Enum& field) {
 
 // The create checks: 0 or the errno ibv_create_qp fails with.
 int CheckInitAttr(ibv_context* context, const ibv_qp_init_attr& attr) {
-  // iWARP has reliable connected QPs only (RFC 5040 defines no datagrams).
-  if (RawValue(attr.qp_type) != IBV_QPT_RC) return EOPNOTSUPP;
+  // iWARP has reliable connected QPs only (RFC 5040 defines no datagrams);
+  // kernel siw's siw_create_qp answers EOPNOTSUPP too.
+  if (const std::uint32_t type = RawValue(attr.qp_type); type != IBV_QPT_RC) {
+    const char* name = type == IBV_QPT_UD ? "UD" : type == IBV_QPT_UC ? "UC" : "other than RC";
+    SIWX_LOG(kDebug, "ibv_create_qp: QP type %s: iWARP has reliable connected QPs only "
+             "(EOPNOTSUPP)", name);
+    return EOPNOTSUPP;
+  }
   // Receive completions, also those of an SRQ, go to the receive CQ.
   if (attr.send_cq == nullptr || attr.recv_cq == nullptr) return EINVAL;
   if (attr.send_cq->context != context || attr.recv_cq->context != context ||
@@ -527,6 +534,7 @@ int ModifyQp(ibv_qp* ibqp, ibv_qp_attr* attr, int attr_mask) noexcept {
   if (attr_mask == 0) return 0;
   if (attr == nullptr) return EINVAL;
   if (int error = CheckModifyAttr(*attr, attr_mask); error != 0) return error;
+  if (int error = oob::CheckModify(ToSiwx(ibqp), *attr, attr_mask); error != 0) return error;
   QpShared& shared = *ToSiwx(ibqp)->shared;
   engine::Qp& engine_qp = *shared.engine;
   if ((attr_mask & IBV_QP_STATE) != 0) {
@@ -539,6 +547,10 @@ int ModifyQp(ibv_qp* ibqp, ibv_qp_attr* attr, int attr_mask) noexcept {
     if (target == engine::QpState::kRts && now == engine::QpState::kRtr) {
       // RTS waits for the stream (see the top of this file).
       if (expected && *expected != now) return EINVAL;
+      oob::OnRtsRequested(ToSiwx(ibqp));
+    } else if (target == engine::QpState::kRts && now == engine::QpState::kRts &&
+               expected == engine::QpState::kRtr) {
+      // The out-of-band stream came up before the application's RTS.
     } else {
       engine::QpStatus status;
       try {
@@ -547,6 +559,8 @@ int ModifyQp(ibv_qp* ibqp, ibv_qp_attr* attr, int attr_mask) noexcept {
         return ENOMEM;
       }
       if (status != engine::QpStatus::kOk) return EINVAL;
+      if (target == engine::QpState::kRtr) oob::OnRtr(ToSiwx(ibqp), *attr, attr_mask);
+      if (target == engine::QpState::kReset) oob::Release(shared);
     }
   }
   std::lock_guard<std::mutex> lock(shared.mutex);
@@ -621,6 +635,7 @@ int DestroyQp(ibv_qp* ibqp) noexcept {
     SIWX_LOG(kError, "QP %u: out of memory while destroying it", ibqp->qp_num);
   }
   RemoveQueuedCompletions(*qp);
+  oob::Release(shared);
   if (std::optional<siwx_stream_notify> notify = TakeNotify(shared);
       notify && notify->event != nullptr) {
     notify->event(notify->cookie, SIWX_STREAM_EVENT_ERROR, ECONNABORTED);

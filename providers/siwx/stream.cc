@@ -37,6 +37,7 @@
 
 #include "common/wire/mpa_constants.h"
 #include "providers/siwx/log.h"
+#include "providers/siwx/oob.h"
 #include "providers/siwx/provider.h"
 
 namespace siwx::provider {
@@ -154,9 +155,11 @@ bool SetNotify(Context* context, std::uint32_t qp_num, const engine::Qp* engine_
   return true;
 }
 
+}  // namespace
+
 // By number throughout, never through a Qp pointer: the application may
 // destroy the QP with ibv_destroy_qp on another thread at any moment.
-int Bind(Context* context, std::uint32_t qp_num, int fd, const siwx_stream_params* raw,
+int BindStream(Context* context, std::uint32_t qp_num, int fd, const siwx_stream_params* raw,
          const siwx_stream_notify* notify) {
   siwx_stream_params in;
   if (int error = ReadParams(raw, &in); error != 0) return error;
@@ -200,6 +203,8 @@ int Bind(Context* context, std::uint32_t qp_num, int fd, const siwx_stream_param
   return 0;
 }
 
+namespace {
+
 int Disconnect(Context* context, std::uint32_t qp_num, int abortive) {
   if (Inherited(context)) return EPERM;
   const std::shared_ptr<engine::Qp> engine_qp = EngineQp(context, qp_num);
@@ -225,19 +230,32 @@ int Disconnect(Context* context, std::uint32_t qp_num, int abortive) {
 
 using siwx::provider::Qp;
 
+namespace {
+
+// A bind by the connection manager: the QP is the CM's from now on, and a
+// stream the out-of-band listener parked for it is dropped (oob.h).
+int CmBind(siwx::provider::Context* context, uint32_t qp_num, int fd,
+           const siwx_stream_params* params, const siwx_stream_notify* notify) {
+  const int rc = siwx::provider::BindStream(context, qp_num, fd, params, notify);
+  if (rc == 0) siwx::provider::oob::NoteCmBound(context, qp_num);
+  return rc;
+}
+
+}  // namespace
+
 extern "C" {
 
 int siwx_qp_bind_stream(ibv_qp* ibqp, int fd, const siwx_stream_params* params,
                         const siwx_stream_notify* notify) {
   Qp* qp = siwx::provider::OurQp(ibqp);
   if (qp == nullptr) return EINVAL;
-  return siwx::provider::Bind(qp->context, ibqp->qp_num, fd, params, notify);
+  return CmBind(qp->context, ibqp->qp_num, fd, params, notify);
 }
 
 int siwx_qp_bind_stream_num(ibv_context* context, uint32_t qp_num, int fd,
                             const siwx_stream_params* params, const siwx_stream_notify* notify) {
   if (!siwx::provider::IsSiwxContext(context)) return EINVAL;
-  return siwx::provider::Bind(siwx::provider::ToSiwx(context), qp_num, fd, params, notify);
+  return CmBind(siwx::provider::ToSiwx(context), qp_num, fd, params, notify);
 }
 
 int siwx_qp_disconnect_stream(ibv_qp* ibqp, int abortive) {

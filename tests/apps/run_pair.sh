@@ -10,7 +10,11 @@
 #   perftest <tool> [perftest flags...]
 #   fi_pingpong <msg|rdm>
 #   rdma_server | rdma_xserver | ucmatose | cmtime   (rdmacm-utils pairs)
-#   refused <status> <line|-> <program> [args...]    (one program iWARP cannot serve)
+#   refused <status> <line|-> <program> [args...]    (one rdma_cm program iWARP cannot serve)
+#   perftest-oob <tool> [perftest flags...]   (without -R: QPs connected out of band)
+#   pingpong <ibv_rc_pingpong|ibv_srq_pingpong> [flags...]
+#   verbs-refused <program> <expected output line> [<expected siwx log line>]
+#   asyncwatch
 # Exit status: 0 pass, 1 fail, 77 skipped (e.g. no non-loopback address).
 set -u
 run=$1
@@ -102,12 +106,46 @@ run_pair() {
 	wait "$server_pid"
 	server_status=$?
 	server_pid=""
+	if [ -n "$TOLERATED_FAILURE" ]; then
+		# A known failure of the program itself after its work is done.
+		if [ "$client_status" -eq 1 ] && grep -qF "$TOLERATED_FAILURE" "$client_log"; then
+			client_status=0
+		fi
+		if [ "$server_status" -eq 1 ] && grep -qF "$TOLERATED_FAILURE" "$server_log"; then
+			server_status=0
+		fi
+	fi
 	[ "$client_status" -eq 0 ] || fail "client exited with $client_status: ${client[*]}"
 	[ "$server_status" -eq 0 ] || fail "server exited with $server_status: ${server[*]}"
 }
 
+# Result rows of a perftest run: "<bytes> <iterations> <figures...>".
+check_perftest_rows() {
+	local tool=$1
+	shift
+	rows=$(awk '$1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ && NF >= 4' "$client_log")
+	case " $* " in
+	*" -a "*) expected=23 ;; # 2 B .. 8 MiB, every power of two
+	*) expected=1 ;;
+	esac
+	got=$(printf '%s\n' "$rows" | grep -c .)
+	[ "$got" = "$expected" ] || fail "$got result rows, expected $expected"
+	if [ "$expected" = 1 ]; then
+		case $tool in
+		*_bw) want=65536 ;;
+		*) want=2 ;;
+		esac
+		[ "$(printf '%s\n' "$rows" | awk '{print $1}')" = "$want" ] ||
+			fail "result row is not for $want bytes: $rows"
+	fi
+	echo "$tool $*:"
+	grep -E '^ *#bytes' "$client_log" | head -1
+	printf '%s\n' "$rows"
+}
+
 SERVER_ENV=()
 CLIENT_ENV=()
+TOLERATED_FAILURE=""
 port=$(pick_port)
 
 case $what in
@@ -174,25 +212,67 @@ perftest)
 	shift
 	run_pair "$port" "$tool" -R -d siwx_lo -p "$port" "$@" -- \
 		"$tool" -R -d siwx_lo -p "$port" "$@" 127.0.0.1
-	# Result rows: "<bytes> <iterations> <figures...>", one per message size.
-	rows=$(awk '$1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ && NF >= 4' "$client_log")
-	case " $* " in
-	*" -a "*) expected=23 ;; # 2 B .. 8 MiB, every power of two
-	*) expected=1 ;;
-	esac
-	got=$(printf '%s\n' "$rows" | grep -c .)
-	[ "$got" = "$expected" ] || fail "$got result rows, expected $expected"
-	if [ "$expected" = 1 ]; then
-		case $tool in
-		*_bw) want=65536 ;;
-		*) want=2 ;;
-		esac
-		[ "$(printf '%s\n' "$rows" | awk '{print $1}')" = "$want" ] ||
-			fail "result row is not for $want bytes: $rows"
+	check_perftest_rows "$tool" "$@"
+	;;
+perftest-oob)
+	# Without -R perftest exchanges QPN, PSN and GID over its own socket and
+	# connects the QPs with ibv_modify_qp (docs/out-of-band-connect.md).
+	tool=$1
+	shift
+	if [ "$tool" = ib_send_bw ]; then
+		# perftest 4.5-0.17 (Debian 12) registers a credit MR for Sends on
+		# iWARP but deregisters it only with -R, so ibv_dealloc_pd fails
+		# with EBUSY after a complete run (kernel siw answers the same);
+		# fixed upstream (perftest "Failed to deregister send credit MR").
+		TOLERATED_FAILURE="Failed to deallocate PD"
 	fi
+	run_pair "$port" "$tool" -d siwx_lo -p "$port" "$@" -- \
+		"$tool" -d siwx_lo -p "$port" "$@" 127.0.0.1
+	grep -q 'rdma_cm QPs.*: OFF' "$client_log" || fail "perftest did not run without rdma_cm"
+	check_perftest_rows "$tool" "$@"
+	;;
+pingpong)
+	# ibv_rc_pingpong / ibv_srq_pingpong: -g 0 puts the GID (which names
+	# this process's siwx listener) into the exchange; -c checks every
+	# received buffer.
+	tool=$1
+	shift
+	iterations=200
+	run_pair "$port" "$tool" -d siwx_lo -g 0 -c -n "$iterations" -p "$port" "$@" -- \
+		"$tool" -d siwx_lo -g 0 -c -n "$iterations" -p "$port" "$@" 127.0.0.1
+	for log in "$client_log" "$server_log"; do
+		grep -q "^$iterations iters in " "$log" || fail "no '$iterations iters' line"
+		grep -q ' bytes in .* seconds = ' "$log" || fail "no throughput line"
+		! grep -qi 'fail\|error\|mismatch' "$log" || fail "errors reported"
+	done
 	echo "$tool $*:"
-	grep -E '^ *#bytes' "$client_log" | head -1
-	printf '%s\n' "$rows"
+	cat "$client_log"
+	;;
+verbs-refused)
+	# A program that iWARP cannot serve (UD, UC, XRC) must stop at once with
+	# a clear message: one process, no peer.
+	program=$1
+	expected=$2
+	expected_log=${3:-}
+	env SIWX_LOG_LEVEL=debug timeout -k 5 10 "$run" -- "$program" -d siwx_lo -g 0 -p "$port" \
+		>"$client_log" 2>&1
+	status=$?
+	[ "$status" -eq 1 ] || fail "$program exited with $status, expected 1 (124: it hung)"
+	grep -qF "$expected" "$client_log" || fail "no '$expected'"
+	if [ -n "$expected_log" ]; then
+		grep -qF "$expected_log" "$client_log" || fail "no '$expected_log'"
+	fi
+	echo "$program: refused as expected:"
+	grep -F -e "$expected" -e "${expected_log:-$expected}" "$client_log"
+	;;
+asyncwatch)
+	# ibv_asyncwatch blocks in ibv_get_async_event until killed: it must
+	# start, name the device's event descriptor and wait without crashing.
+	timeout -k 5 3 "$run" -- ibv_asyncwatch -d siwx_lo >"$client_log" 2>&1
+	status=$?
+	[ "$status" -eq 124 ] || fail "ibv_asyncwatch exited with $status, expected 124 (killed while waiting)"
+	grep -q '^siwx_lo: async event FD [0-9]' "$client_log" || fail "no 'async event FD' line"
+	cat "$client_log"
 	;;
 fi_pingpong)
 	# libfabric's verbs provider offers MSG endpoints (and so rxm's RDM ones)
@@ -269,7 +349,7 @@ refused)
 	cat "$client_log"
 	;;
 *)
-	echo "usage: $0 <siwx-run> rping|perftest|fi_pingpong|rdma_server|rdma_xserver|ucmatose|cmtime|refused args..." >&2
+	echo "usage: $0 <siwx-run> rping|perftest|perftest-oob|pingpong|verbs-refused|asyncwatch|fi_pingpong|rdma_server|rdma_xserver|ucmatose|cmtime|refused args..." >&2
 	exit 2
 	;;
 esac

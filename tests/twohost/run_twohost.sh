@@ -357,6 +357,51 @@ impaired_write_bw | impaired_read_bw)
 	echo "$tool: $row"
 	stop_impair
 	;;
+oob_rc_pingpong)
+	# Out-of-band QP connect across hosts (docs/out-of-band-connect.md):
+	# ibv_rc_pingpong exchanges QPN, PSN and GID over its own socket; -g 0
+	# puts the GID that names each host's siwx listener into the exchange,
+	# -c checks every received buffer.
+	iters=500
+	ip netns exec "$ns_a" timeout -k 5 60 "$run" -- ibv_rc_pingpong -d siwx_veth0 -g 0 -c \
+		-n "$iters" -s 4096 -p "$port" >"$work/server.log" 2>&1 &
+	server_pid=$!
+	wait_listening
+	in_b timeout -k 5 60 "$run" -- ibv_rc_pingpong -d siwx_veth0 -g 0 -c -n "$iters" -s 4096 \
+		-p "$port" "$addr_a" >"$work/client.log" 2>&1
+	c=$?
+	[ "$c" -eq 0 ] || kill -TERM "$server_pid" 2>/dev/null
+	wait "$server_pid"
+	s=$?
+	[ "$c" -eq 0 ] && [ "$s" -eq 0 ] || fail "ibv_rc_pingpong exited with client $c server $s"
+	for side in client server; do
+		grep -q "^$iters iters in " "$work/$side.log" || fail "$side: no '$iters iters' line"
+		grep -q "GID ::.*:ffff:c000:20[12]" "$work/$side.log" || fail "$side: GID does not name the veth address"
+	done
+	echo "ibv_rc_pingpong across hosts: $iters round trips of 4096 octets, every buffer checked (-c)"
+	grep -E 'address|iters' "$work/client.log"
+	;;
+oob_impaired_write_bw)
+	# perftest without -R (QPs connected out of band) under loss, delay,
+	# reordering and duplication.
+	start_impair 240 "${impairment[@]}"
+	ip netns exec "$ns_a" timeout -k 5 200 "$run" -- ib_write_bw -d siwx_veth0 -p "$port" -n 40 \
+		-s 65536 >"$work/server.log" 2>&1 &
+	server_pid=$!
+	wait_listening
+	in_b timeout -k 5 200 "$run" -- ib_write_bw -d siwx_veth0 -p "$port" -n 40 -s 65536 "$addr_a" \
+		>"$work/client.log" 2>&1
+	c=$?
+	[ "$c" -eq 0 ] || kill -TERM "$server_pid" 2>/dev/null
+	wait "$server_pid"
+	s=$?
+	[ "$c" -eq 0 ] && [ "$s" -eq 0 ] || fail "ib_write_bw exited with client $c server $s"
+	grep -q 'rdma_cm QPs.*: OFF' "$work/client.log" || fail "ib_write_bw used rdma_cm"
+	row=$(awk '$1 == 65536 && $2 == 40' "$work/client.log")
+	[ -n "$row" ] || fail "no result row for 40 iterations of 65536 octets"
+	echo "ib_write_bw without -R: $row"
+	stop_impair
+	;;
 kill_server | kill_client)
 	kill_one "${scenario#kill_}"
 	;;
