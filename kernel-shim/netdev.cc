@@ -20,7 +20,7 @@
 #include <set>
 #include <thread>
 
-#include "providers/siwx/log.h"
+#include "common/util/log.h"
 
 namespace siwx::shim {
 namespace {

@@ -12,7 +12,7 @@
 
 #include "common/wire/fpdu.h"
 #include "common/wire/terminate.h"
-#include "providers/siwx/log.h"
+#include "common/util/log.h"
 #include "rdmacm-ext/cm_devices.h"
 #include "rdmacm-ext/stream_handover.h"
 

@@ -7,6 +7,8 @@
 #include <utility>
 
 #include "common/engine/engine.h"
+#include "common/transport/endpoints.h"
+#include "common/util/log.h"
 
 namespace siwx::engine {
 namespace {
@@ -21,6 +23,42 @@ thread_local const Qp* tls_tx_owner = nullptr;
 thread_local const Qp* tls_rx_driver = nullptr;
 
 bool InsideEngineTurn() { return tls_tx_owner != nullptr || tls_rx_driver != nullptr; }
+
+const char* OnOff(bool on) { return on ? "on" : "off"; }
+
+const char* RtrLabel(const StreamParams& p) {
+  switch (p.rtr_role) {
+    case RtrRole::kNone: return p.await_first_fpdu ? "no RTR, awaits the first FPDU" : "no RTR";
+    case RtrRole::kSend:
+      switch (p.rtr_message) {
+        case RtrMessage::kSend: return "sends a Send RTR";
+        case RtrMessage::kWrite: return "sends a Write RTR";
+        case RtrMessage::kRead: return "sends a Read RTR";
+      }
+      return "sends an RTR";
+    case RtrRole::kAwait: return "awaits the RTR";
+  }
+  return "?";
+}
+
+// One info line per stream with what it negotiated: an operator reading a
+// log of a failed job sees how each QP was connected.
+void LogBound(std::uint32_t qp_num, int fd, const StreamParams& p, std::size_t max_ulpdu) {
+  if (!log::Enabled(log::Level::kInfo)) return;
+  const transport::Endpoints ends = transport::QueryEndpoints(fd);
+  SIWX_QP_LOG(kInfo, qp_num,
+              "connected %s -> %s: %s, Rev %u, CRC %s, markers tx %s rx %s, large FPDUs %s, "
+              "IRD %u ORD %u, max ULPDU %zu, %s",
+              transport::FormatEndpoint(ends.local).c_str(),
+              transport::FormatEndpoint(ends.peer).c_str(), MpaDialectLabel(p.mpa_dialect),
+              static_cast<unsigned>(p.mpa_revision), OnOff(p.crc_enabled), OnOff(p.tx_markers),
+              OnOff(p.rx_markers), OnOff(p.large_fpdus), p.ird, p.ord, max_ulpdu, RtrLabel(p));
+}
+
+void LogCause(std::uint32_t qp_num, const char* what, const rdmap::TerminateCause& cause) {
+  if (!log::Enabled(log::Level::kInfo)) return;
+  SIWX_QP_LOG(kInfo, qp_num, "%s: %s", what, rdmap::DescribeTerminateCause(cause).c_str());
+}
 
 WcOpcode WcOpcodeOf(SendOpcode opcode) {
   switch (opcode) {
@@ -249,6 +287,7 @@ BindStatus Qp::Bind(std::unique_ptr<transport::TcpStream> stream, const StreamPa
   if (max_ulpdu < kMinMaxUlpdu) return BindStatus::kInvalidParams;
   const QpState s = state_.state();
   if (s != QpState::kInit && s != QpState::kRtr) return BindStatus::kInvalidState;
+  int bound_fd = -1;
   {
     std::lock_guard lock(queue_mutex_);
     if (bound_) return BindStatus::kInvalidState;
@@ -264,6 +303,7 @@ BindStatus Qp::Bind(std::unique_ptr<transport::TcpStream> stream, const StreamPa
     tx_terminate_.reset();
     tx_close_ = TxClose::kNone;
     tx_mail_.store(false, std::memory_order_relaxed);
+    bound_fd = stream->fd();
     pending_stream_ = std::move(stream);
   }
   {
@@ -289,6 +329,8 @@ BindStatus Qp::Bind(std::unique_ptr<transport::TcpStream> stream, const StreamPa
     pending_stream_.reset();
     return BindStatus::kInvalidState;
   }
+  // The stream is not attached yet, so its descriptor is still open here.
+  LogBound(qp_num_, bound_fd, params, max_ulpdu);
   engine_->Submit({Engine::CommandKind::kAttach, shared_from_this(), 0});
   return BindStatus::kOk;
 }
@@ -416,8 +458,12 @@ bool Qp::RaiseError(const ErrorReport& report) {
     error_raised_ = true;
     if (report.terminate) {
       terminate_sent_ = report.terminate;
+      LogCause(qp_num_, "Terminate sent to the peer", report.terminate->cause);
     } else if (!report.peer_terminated) {
       local_error_ = report.cause;
+      LogCause(qp_num_, report.abort ? "stream reset (RST) without a Terminate"
+                                     : "stream failed without a Terminate",
+               report.cause);
     }
     if (report.failed_seq) {
       std::lock_guard queue_lock(queue_mutex_);
@@ -461,7 +507,9 @@ bool Qp::RaiseError(const ErrorReport& report) {
 
 void Qp::RecordTerminateReceived(const rdmap::TerminateHeader& header) {
   std::lock_guard lock(info_mutex_);
-  if (!terminate_received_) terminate_received_ = header;
+  if (terminate_received_) return;
+  terminate_received_ = header;
+  LogCause(qp_num_, "Terminate received from the peer", header.cause);
 }
 
 void Qp::RequestFinalize(std::uint32_t flags) {
@@ -659,6 +707,8 @@ void Qp::OnTimer(std::chrono::steady_clock::time_point now) {
     if (!rtr_received_.load(std::memory_order_acquire)) {
       // RFC 5044 7.1.2 rules 4 and 10: no first FPDU (or RTR) in time. We
       // may send no FPDU before it, a Terminate included: reset the stream.
+      SIWX_QP_LOG(kInfo, qp_num_, "no first FPDU or RTR from the peer in time (RFC 5044 7.1.2 "
+                  "rule 10)");
       ErrorReport report;
       report.cause = rdmap::TerminateCause::MpaConnectionLost();
       report.event = AsyncEventType::kQpFatal;
@@ -680,6 +730,9 @@ void Qp::OnTimer(std::chrono::steady_clock::time_point now) {
       local_error_ = rdmap::TerminateCause::MpaConnectionLost();
     }
   }
+  SIWX_QP_LOG(kInfo, qp_num_,
+              "teardown bound of %lld ms passed with the stream still open: resetting it (RST)",
+              static_cast<long long>(engine_->teardown_timeout().count()));
   // Not finalized: flush, Error, stream closed with RST. Finalized but the
   // peer never closed its side: only the RST.
   Finalize(kFinalizeAbort);
