@@ -55,6 +55,37 @@ void LogBound(std::uint32_t qp_num, int fd, const StreamParams& p, std::size_t m
               OnOff(p.rx_markers), OnOff(p.large_fpdus), p.ird, p.ord, max_ulpdu, RtrLabel(p));
 }
 
+void PublishCause(stats::QpSlot* slot, stats::CauseRecord stats::QpDescription::*which,
+                  const rdmap::TerminateCause& cause) {
+  stats::UpdateDescription(slot, [&](stats::QpDescription& d) {
+    stats::RecordCause(&(d.*which), cause.layer, cause.etype, cause.ecode);
+  });
+}
+
+void PublishBound(stats::QpSlot* slot, int fd, const StreamParams& p, std::size_t max_ulpdu) {
+  if (slot == nullptr) return;
+  const transport::Endpoints ends = transport::QueryEndpoints(fd);
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  stats::UpdateDescription(slot, [&](stats::QpDescription& d) {
+    d = stats::QpDescription{};  // a new stream (a QP is bound again after RESET)
+    d.bound = 1;
+    d.mpa_dialect = p.mpa_dialect;
+    d.mpa_revision = p.mpa_revision;
+    d.crc = p.crc_enabled ? 1 : 0;
+    d.tx_markers = p.tx_markers ? 1 : 0;
+    d.rx_markers = p.rx_markers ? 1 : 0;
+    d.large_fpdus = p.large_fpdus ? 1 : 0;
+    d.rtr_role = static_cast<std::uint8_t>(p.rtr_role);
+    d.ird = p.ird;
+    d.ord = p.ord;
+    d.max_ulpdu = static_cast<std::uint32_t>(max_ulpdu);
+    d.local = ends.local;
+    d.peer = ends.peer;
+    d.bound_unix_ms = static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(now).count());
+  });
+}
+
 void LogCause(std::uint32_t qp_num, const char* what, const rdmap::TerminateCause& cause) {
   if (!log::Enabled(log::Level::kInfo)) return;
   SIWX_QP_LOG(kInfo, qp_num, "%s: %s", what, rdmap::DescribeTerminateCause(cause).c_str());
@@ -132,9 +163,10 @@ Qp::Qp(Engine* engine, std::uint32_t qp_num, const QpConfig& config,
       tx_(*this),
       rx_(*this) {
   sq_.slots.resize(config_.sq_caps.max_wr);
+  if (stats_slot_ != nullptr) state_.SetMirror(&stats_slot_->state);
 }
 
-Qp::~Qp() = default;
+Qp::~Qp() { stats::StatsFile::ReleaseForProcess(stats_slot_); }
 
 // ---- Transmit gate ----
 
@@ -331,6 +363,7 @@ BindStatus Qp::Bind(std::unique_ptr<transport::TcpStream> stream, const StreamPa
   }
   // The stream is not attached yet, so its descriptor is still open here.
   LogBound(qp_num_, bound_fd, params, max_ulpdu);
+  PublishBound(stats_slot_, bound_fd, params, max_ulpdu);
   engine_->Submit({Engine::CommandKind::kAttach, shared_from_this(), 0});
   return BindStatus::kOk;
 }
@@ -426,7 +459,10 @@ void Qp::RetireSq() {
       }
       // Pushed outside queue_mutex_ (callbacks may post), inside the gate
       // (so completions keep WR order).
-      for (std::size_t i = 0; i < n; ++i) config_.send_cq->Push(batch[i]);
+      for (std::size_t i = 0; i < n; ++i) {
+        CountCompletion(batch[i].status);
+        config_.send_cq->Push(batch[i]);
+      }
       if (popped == 0) break;
     }
     const std::uint32_t left = sq_cq_gate_.fetch_sub(seen, std::memory_order_acq_rel) - seen;
@@ -445,7 +481,15 @@ void Qp::FlushSqLocked() {
   }
 }
 
+void Qp::CountCompletion(WcStatus status) {
+  if (status == WcStatus::kSuccess || stats_slot_ == nullptr) return;
+  auto& counter = status == WcStatus::kWrFlushErr ? stats_slot_->completions_flushed
+                                                  : stats_slot_->completion_errors;
+  counter.fetch_add(1, std::memory_order_relaxed);
+}
+
 void Qp::PushRecvCompletion(const WorkCompletion& wc, bool solicited) {
+  CountCompletion(wc.status);
   config_.recv_cq->Push(wc, solicited);
 }
 
@@ -459,8 +503,10 @@ bool Qp::RaiseError(const ErrorReport& report) {
     if (report.terminate) {
       terminate_sent_ = report.terminate;
       LogCause(qp_num_, "Terminate sent to the peer", report.terminate->cause);
+      PublishCause(stats_slot_, &stats::QpDescription::terminate_sent, report.terminate->cause);
     } else if (!report.peer_terminated) {
       local_error_ = report.cause;
+      PublishCause(stats_slot_, &stats::QpDescription::local_error, report.cause);
       LogCause(qp_num_, report.abort ? "stream reset (RST) without a Terminate"
                                      : "stream failed without a Terminate",
                report.cause);
@@ -510,6 +556,7 @@ void Qp::RecordTerminateReceived(const rdmap::TerminateHeader& header) {
   if (terminate_received_) return;
   terminate_received_ = header;
   LogCause(qp_num_, "Terminate received from the peer", header.cause);
+  PublishCause(stats_slot_, &stats::QpDescription::terminate_received, header.cause);
 }
 
 void Qp::RequestFinalize(std::uint32_t flags) {
@@ -728,6 +775,7 @@ void Qp::OnTimer(std::chrono::steady_clock::time_point now) {
     if (!error_raised_) {
       error_raised_ = true;
       local_error_ = rdmap::TerminateCause::MpaConnectionLost();
+      PublishCause(stats_slot_, &stats::QpDescription::local_error, *local_error_);
     }
   }
   SIWX_QP_LOG(kInfo, qp_num_,
