@@ -14,7 +14,7 @@
 #include <cstring>
 #include <new>
 
-#include "providers/siwx/log.h"
+#include "common/util/log.h"
 #include "rdmacm-ext/cm_core_internal.h"
 #include "rdmacm-ext/cm_devices.h"
 

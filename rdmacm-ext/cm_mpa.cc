@@ -10,7 +10,7 @@
 
 #include "common/wire/fpdu.h"
 #include "common/wire/terminate.h"
-#include "providers/siwx/log.h"
+#include "common/util/log.h"
 #include "rdmacm-ext/cm_core.h"
 #include "rdmacm-ext/cm_core_internal.h"
 #include "rdmacm-ext/cm_devices.h"

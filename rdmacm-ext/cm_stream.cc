@@ -5,7 +5,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "providers/siwx/log.h"
+#include "common/util/log.h"
 #include "rdmacm-ext/cm_core.h"
 #include "rdmacm-ext/cm_core_internal.h"
 #include "rdmacm-ext/stream_handover.h"

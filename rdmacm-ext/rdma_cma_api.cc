@@ -18,7 +18,7 @@
 #include <cstring>
 #include <new>
 
-#include "providers/siwx/log.h"
+#include "common/util/log.h"
 #include "rdmacm-ext/cm_core.h"
 #include "rdmacm-ext/cm_devices.h"
 #include "rdmacm-ext/siwx_cm.h"

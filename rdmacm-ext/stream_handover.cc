@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "providers/siwx/log.h"
+#include "common/util/log.h"
 
 #ifndef SIWX_PROVIDER_LIBRARY
 #define SIWX_PROVIDER_LIBRARY "libsiwx-rdmav34.so"

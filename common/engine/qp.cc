@@ -7,6 +7,8 @@
 #include <utility>
 
 #include "common/engine/engine.h"
+#include "common/transport/endpoints.h"
+#include "common/util/log.h"
 
 namespace siwx::engine {
 namespace {
@@ -21,6 +23,73 @@ thread_local const Qp* tls_tx_owner = nullptr;
 thread_local const Qp* tls_rx_driver = nullptr;
 
 bool InsideEngineTurn() { return tls_tx_owner != nullptr || tls_rx_driver != nullptr; }
+
+const char* OnOff(bool on) { return on ? "on" : "off"; }
+
+const char* RtrLabel(const StreamParams& p) {
+  switch (p.rtr_role) {
+    case RtrRole::kNone: return p.await_first_fpdu ? "no RTR, awaits the first FPDU" : "no RTR";
+    case RtrRole::kSend:
+      switch (p.rtr_message) {
+        case RtrMessage::kSend: return "sends a Send RTR";
+        case RtrMessage::kWrite: return "sends a Write RTR";
+        case RtrMessage::kRead: return "sends a Read RTR";
+      }
+      return "sends an RTR";
+    case RtrRole::kAwait: return "awaits the RTR";
+  }
+  return "?";
+}
+
+// One info line per stream with what it negotiated: an operator reading a
+// log of a failed job sees how each QP was connected.
+void LogBound(std::uint32_t qp_num, int fd, const StreamParams& p, std::size_t max_ulpdu) {
+  if (!log::Enabled(log::Level::kInfo)) return;
+  const transport::Endpoints ends = transport::QueryEndpoints(fd);
+  SIWX_QP_LOG(kInfo, qp_num,
+              "connected %s -> %s: %s, Rev %u, CRC %s, markers tx %s rx %s, large FPDUs %s, "
+              "IRD %u ORD %u, max ULPDU %zu, %s",
+              transport::FormatEndpoint(ends.local).c_str(),
+              transport::FormatEndpoint(ends.peer).c_str(), MpaDialectLabel(p.mpa_dialect),
+              static_cast<unsigned>(p.mpa_revision), OnOff(p.crc_enabled), OnOff(p.tx_markers),
+              OnOff(p.rx_markers), OnOff(p.large_fpdus), p.ird, p.ord, max_ulpdu, RtrLabel(p));
+}
+
+void PublishCause(stats::QpSlot* slot, stats::CauseRecord stats::QpDescription::*which,
+                  const rdmap::TerminateCause& cause) {
+  stats::UpdateDescription(slot, [&](stats::QpDescription& d) {
+    stats::RecordCause(&(d.*which), cause.layer, cause.etype, cause.ecode);
+  });
+}
+
+void PublishBound(stats::QpSlot* slot, int fd, const StreamParams& p, std::size_t max_ulpdu) {
+  if (slot == nullptr) return;
+  const transport::Endpoints ends = transport::QueryEndpoints(fd);
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  stats::UpdateDescription(slot, [&](stats::QpDescription& d) {
+    d = stats::QpDescription{};  // a new stream (a QP is bound again after RESET)
+    d.bound = 1;
+    d.mpa_dialect = p.mpa_dialect;
+    d.mpa_revision = p.mpa_revision;
+    d.crc = p.crc_enabled ? 1 : 0;
+    d.tx_markers = p.tx_markers ? 1 : 0;
+    d.rx_markers = p.rx_markers ? 1 : 0;
+    d.large_fpdus = p.large_fpdus ? 1 : 0;
+    d.rtr_role = static_cast<std::uint8_t>(p.rtr_role);
+    d.ird = p.ird;
+    d.ord = p.ord;
+    d.max_ulpdu = static_cast<std::uint32_t>(max_ulpdu);
+    d.local = ends.local;
+    d.peer = ends.peer;
+    d.bound_unix_ms = static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(now).count());
+  });
+}
+
+void LogCause(std::uint32_t qp_num, const char* what, const rdmap::TerminateCause& cause) {
+  if (!log::Enabled(log::Level::kInfo)) return;
+  SIWX_QP_LOG(kInfo, qp_num, "%s: %s", what, rdmap::DescribeTerminateCause(cause).c_str());
+}
 
 WcOpcode WcOpcodeOf(SendOpcode opcode) {
   switch (opcode) {
@@ -94,9 +163,10 @@ Qp::Qp(Engine* engine, std::uint32_t qp_num, const QpConfig& config,
       tx_(*this),
       rx_(*this) {
   sq_.slots.resize(config_.sq_caps.max_wr);
+  if (stats_slot_ != nullptr) state_.SetMirror(&stats_slot_->state);
 }
 
-Qp::~Qp() = default;
+Qp::~Qp() { stats::StatsFile::ReleaseForProcess(stats_slot_); }
 
 // ---- Transmit gate ----
 
@@ -285,6 +355,7 @@ BindStatus Qp::Bind(std::unique_ptr<transport::TcpStream> stream, const StreamPa
   if (max_ulpdu < kMinMaxUlpdu) return BindStatus::kInvalidParams;
   const QpState s = state_.state();
   if (s != QpState::kInit && s != QpState::kRtr) return BindStatus::kInvalidState;
+  int bound_fd = -1;
   {
     std::lock_guard lock(queue_mutex_);
     if (bound_) return BindStatus::kInvalidState;
@@ -300,6 +371,7 @@ BindStatus Qp::Bind(std::unique_ptr<transport::TcpStream> stream, const StreamPa
     tx_terminate_.reset();
     tx_close_ = TxClose::kNone;
     tx_mail_.store(false, std::memory_order_relaxed);
+    bound_fd = stream->fd();
     pending_stream_ = std::move(stream);
   }
   {
@@ -327,6 +399,9 @@ BindStatus Qp::Bind(std::unique_ptr<transport::TcpStream> stream, const StreamPa
     pending_stream_.reset();
     return BindStatus::kInvalidState;
   }
+  // The stream is not attached yet, so its descriptor is still open here.
+  LogBound(qp_num_, bound_fd, params, max_ulpdu);
+  PublishBound(stats_slot_, bound_fd, params, max_ulpdu);
   engine_->Submit({Engine::CommandKind::kAttach, shared_from_this(), 0});
   return BindStatus::kOk;
 }
@@ -422,7 +497,10 @@ void Qp::RetireSq() {
       }
       // Pushed outside queue_mutex_ (callbacks may post), inside the gate
       // (so completions keep WR order).
-      for (std::size_t i = 0; i < n; ++i) config_.send_cq->Push(batch[i]);
+      for (std::size_t i = 0; i < n; ++i) {
+        CountCompletion(batch[i].status);
+        config_.send_cq->Push(batch[i]);
+      }
       if (popped == 0) break;
     }
     const std::uint32_t left = sq_cq_gate_.fetch_sub(seen, std::memory_order_acq_rel) - seen;
@@ -441,7 +519,15 @@ void Qp::FlushSqLocked() {
   }
 }
 
+void Qp::CountCompletion(WcStatus status) {
+  if (status == WcStatus::kSuccess || stats_slot_ == nullptr) return;
+  auto& counter = status == WcStatus::kWrFlushErr ? stats_slot_->completions_flushed
+                                                  : stats_slot_->completion_errors;
+  counter.fetch_add(1, std::memory_order_relaxed);
+}
+
 void Qp::PushRecvCompletion(const WorkCompletion& wc, bool solicited) {
+  CountCompletion(wc.status);
   config_.recv_cq->Push(wc, solicited);
 }
 
@@ -454,8 +540,14 @@ bool Qp::RaiseError(const ErrorReport& report) {
     error_raised_ = true;
     if (report.terminate) {
       terminate_sent_ = report.terminate;
+      LogCause(qp_num_, "Terminate sent to the peer", report.terminate->cause);
+      PublishCause(stats_slot_, &stats::QpDescription::terminate_sent, report.terminate->cause);
     } else if (!report.peer_terminated) {
       local_error_ = report.cause;
+      PublishCause(stats_slot_, &stats::QpDescription::local_error, report.cause);
+      LogCause(qp_num_, report.abort ? "stream reset (RST) without a Terminate"
+                                     : "stream failed without a Terminate",
+               report.cause);
     }
     if (report.failed_seq) {
       std::lock_guard queue_lock(queue_mutex_);
@@ -499,7 +591,10 @@ bool Qp::RaiseError(const ErrorReport& report) {
 
 void Qp::RecordTerminateReceived(const rdmap::TerminateHeader& header) {
   std::lock_guard lock(info_mutex_);
-  if (!terminate_received_) terminate_received_ = header;
+  if (terminate_received_) return;
+  terminate_received_ = header;
+  LogCause(qp_num_, "Terminate received from the peer", header.cause);
+  PublishCause(stats_slot_, &stats::QpDescription::terminate_received, header.cause);
 }
 
 void Qp::RequestFinalize(std::uint32_t flags) {
@@ -714,6 +809,8 @@ void Qp::OnTimer(std::chrono::steady_clock::time_point now) {
     if (!rtr_received_.load(std::memory_order_acquire)) {
       // RFC 5044 7.1.2 rules 4 and 10: no first FPDU (or RTR) in time. We
       // may send no FPDU before it, a Terminate included: reset the stream.
+      SIWX_QP_LOG(kInfo, qp_num_, "no first FPDU or RTR from the peer in time (RFC 5044 7.1.2 "
+                  "rule 10)");
       ErrorReport report;
       report.cause = rdmap::TerminateCause::MpaConnectionLost();
       report.event = AsyncEventType::kQpFatal;
@@ -733,8 +830,12 @@ void Qp::OnTimer(std::chrono::steady_clock::time_point now) {
     if (!error_raised_) {
       error_raised_ = true;
       local_error_ = rdmap::TerminateCause::MpaConnectionLost();
+      PublishCause(stats_slot_, &stats::QpDescription::local_error, *local_error_);
     }
   }
+  SIWX_QP_LOG(kInfo, qp_num_,
+              "teardown bound of %lld ms passed with the stream still open: resetting it (RST)",
+              static_cast<long long>(engine_->teardown_timeout().count()));
   // Not finalized: flush, Error, stream closed with RST. Finalized but the
   // peer never closed its side: only the RST.
   Finalize(kFinalizeAbort);

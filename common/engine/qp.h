@@ -97,6 +97,7 @@
 #include "common/engine/stream_params.h"
 #include "common/engine/tx.h"
 #include "common/engine/work_request.h"
+#include "common/stats/stats_file.h"
 #include "common/transport/tcp_stream.h"
 #include "common/wire/terminate.h"
 
@@ -336,6 +337,8 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   // Marks every unfinished SQ entry done with WrFlushErr (queue_mutex_ held).
   void FlushSqLocked();
   void PushRecvCompletion(const WorkCompletion& wc, bool solicited);
+  // Counts an unsuccessful completion in the stats slot.
+  void CountCompletion(WcStatus status);
 
   // ---- Errors ----
   // First error wins: records it, moves the state, hands the Terminate (if
@@ -441,14 +444,17 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   // Progress thread: when the wait for the first FPDU / the RTR ends.
   std::optional<std::chrono::steady_clock::time_point> first_fpdu_deadline_;
 
+  // This QP's slot in the process's statistics file (`siwx stat`), or null
+  // (SIWX_STATS=off, no slot left). Taken at creation, freed in ~Qp.
+  stats::QpSlot* const stats_slot_ = stats::StatsFile::AcquireForProcess(qp_num_);
+
   // Counters: single writer each (gate holder for tx_*, progress thread for
-  // rx_*), relaxed atomics so readers need no lock.
-  struct AtomicCounters {
-    std::atomic<std::uint64_t> tx_fpdus{0}, tx_octets{0}, tx_syscalls{0}, tx_would_block{0};
-    std::atomic<std::uint64_t> rx_fpdus{0}, rx_octets{0}, rx_syscalls{0};
-    std::atomic<std::uint64_t> rx_staged_payload{0}, rx_direct_payload{0};
-  };
-  AtomicCounters counters_;
+  // rx_*), relaxed atomics so readers need no lock. They live in the stats
+  // slot when there is one, so `siwx stat` reads them with no extra work on
+  // the data path.
+  using AtomicCounters = stats::QpCounterBlock;
+  AtomicCounters own_counters_;
+  AtomicCounters& counters_ = stats_slot_ != nullptr ? stats_slot_->counters : own_counters_;
 };
 
 // Bumps a single-writer counter without a locked instruction.

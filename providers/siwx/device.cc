@@ -20,7 +20,7 @@
 #include <cstring>
 #include <new>
 
-#include "providers/siwx/log.h"
+#include "common/util/log.h"
 #include "providers/siwx/oob.h"
 #include "providers/siwx/provider.h"
 

@@ -35,7 +35,7 @@
 
 #include "common/mpa/mpa_negotiator.h"
 #include "common/transport/tcp_rendezvous.h"
-#include "providers/siwx/log.h"
+#include "common/util/log.h"
 
 namespace siwx::provider {
 

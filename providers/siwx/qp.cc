@@ -64,7 +64,7 @@
 #include <optional>
 
 #include "common/wire/terminate.h"
-#include "providers/siwx/log.h"
+#include "common/util/log.h"
 #include "providers/siwx/oob.h"
 #include "providers/siwx/provider.h"
 
@@ -378,31 +378,17 @@ std::optional<siwx_stream_notify> TakeNotify(QpShared& shared) {
   return shared.notify;
 }
 
-// One warn-level line per Terminate, with the RFC names of its cause: what
-// an operator (and the two-host tests) need to tell a CRC error from an
-// access error when a connection dies.
-void LogTerminate(std::uint32_t qp_num, const char* direction, const rdmap::TerminateCause& cause) {
-  SIWX_LOG(kWarn, "QP %u: Terminate %s: %.*s / %.*s / %.*s (layer %u, type %u, code 0x%02x)", qp_num,
-           direction, static_cast<int>(rdmap::TerminateLayerName(cause.layer).size()),
-           rdmap::TerminateLayerName(cause.layer).data(),
-           static_cast<int>(rdmap::TerminateErrorTypeName(cause.layer, cause.etype).size()),
-           rdmap::TerminateErrorTypeName(cause.layer, cause.etype).data(),
-           static_cast<int>(rdmap::TerminateErrorCodeName(cause).size()),
-           rdmap::TerminateErrorCodeName(cause).data(), cause.layer, cause.etype, cause.ecode);
-}
-
 // How a stream ended, for the CM: an error if a Terminate went either way
 // or the connection failed, an orderly close otherwise (FIN, or a local
 // disconnect). Returns the siwx_stream_event and sets *error.
 int StreamEndOf(const engine::Qp& qp, int* error) {
   const engine::QpAttributes a = qp.Query();
+  // The engine logged the Terminate (at info) when it was sent or arrived.
   if (a.terminate_received) {
-    LogTerminate(qp.qp_num(), "received from the peer", a.terminate_received->cause);
     *error = ECONNABORTED;
     return SIWX_STREAM_EVENT_ERROR;
   }
   if (a.terminate_sent) {
-    LogTerminate(qp.qp_num(), "sent to the peer", a.terminate_sent->cause);
     *error = EPROTO;
     return SIWX_STREAM_EVENT_ERROR;
   }
@@ -432,7 +418,7 @@ void RemoveQueuedCompletions(const Qp& qp) {
   std::size_t removed = qp.send_cq->queue->RemoveQp(qp_num, which);
   if (qp.recv_cq != qp.send_cq) removed += qp.recv_cq->queue->RemoveQp(qp_num, which);
   if (removed > 0) {
-    SIWX_LOG(kDebug, "QP %u: %zu queued completions removed on destroy", qp_num, removed);
+    SIWX_QP_LOG(kDebug, qp_num, "%zu queued completions removed on destroy", removed);
   }
 }
 
@@ -632,7 +618,7 @@ int DestroyQp(ibv_qp* ibqp) noexcept {
   } catch (...) {
     // Only the detach command's allocation can fail; the engine still
     // marked the QP destroyed, so nothing new starts on it.
-    SIWX_LOG(kError, "QP %u: out of memory while destroying it", ibqp->qp_num);
+    SIWX_QP_LOG(kError, ibqp->qp_num, "out of memory while destroying it");
   }
   RemoveQueuedCompletions(*qp);
   oob::Release(shared);
@@ -644,7 +630,7 @@ int DestroyQp(ibv_qp* ibqp) noexcept {
       PurgeAsyncEvents(qp->context, reinterpret_cast<std::uintptr_t>(ibqp), kQpEventTypes);
   WaitForAcks(&ibqp->mutex, &ibqp->cond, &ibqp->events_completed,
               qp->events_posted.load() - static_cast<std::uint32_t>(purged));
-  SIWX_LOG(kDebug, "QP %u destroyed", ibqp->qp_num);
+  SIWX_QP_LOG(kDebug, ibqp->qp_num, "destroyed");
   ReleaseQp(qp);
   return 0;
 }

@@ -44,7 +44,7 @@
 #include <thread>
 #include <vector>
 
-#include "providers/siwx/log.h"
+#include "common/util/log.h"
 #include "providers/siwx/provider.h"
 
 namespace siwx::provider {

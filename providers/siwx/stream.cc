@@ -36,7 +36,7 @@
 #include <new>
 
 #include "common/wire/mpa_constants.h"
-#include "providers/siwx/log.h"
+#include "common/util/log.h"
 #include "providers/siwx/oob.h"
 #include "providers/siwx/provider.h"
 
@@ -93,6 +93,8 @@ int ToEngine(const siwx_stream_params& in, engine::StreamParams* out) {
   out->ord = in.ord;
   out->large_fpdus = in.large_fpdus != 0;
   out->max_ulpdu = in.max_ulpdu;
+  out->mpa_dialect = in.mpa_dialect <= SIWX_MPA_DIALECT_V2 ? in.mpa_dialect : 0;
+  out->mpa_revision = in.mpa_revision;
   switch (in.rtr_role) {
     case SIWX_RTR_ROLE_NONE:
       out->rtr_role = engine::RtrRole::kNone;
@@ -197,9 +199,6 @@ int BindStream(Context* context, std::uint32_t qp_num, int fd, const siwx_stream
     return EINVAL;
   }
   ::close(fd);  // the QP's duplicate keeps the connection
-  SIWX_LOG(kDebug, "QP %u bound to a stream (crc %d, markers tx %d rx %d, ird %u, ord %u, rtr %u)",
-           qp_num, in.crc, in.tx_markers, in.rx_markers, in.ird, in.ord,
-           static_cast<unsigned>(in.rtr_role));
   return 0;
 }
 

@@ -298,9 +298,9 @@ expect_both_survive() {
 start_fault_traffic() {
 	local seconds=$1
 	shift
-	start_server $((seconds + 30)) SIWX_LOG_LEVEL=warn "$@" -- --fault --rounds 0 --seconds "$seconds" \
+	start_server $((seconds + 30)) SIWX_LOG_LEVEL=info "$@" -- --fault --rounds 0 --seconds "$seconds" \
 		--max-size 1048576 ${stall_ms:+--stall-ms $stall_ms}
-	start_client $((seconds + 30)) SIWX_LOG_LEVEL=warn "$@" -- --fault --rounds 0 --seconds "$seconds" \
+	start_client $((seconds + 30)) SIWX_LOG_LEVEL=info "$@" -- --fault --rounds 0 --seconds "$seconds" \
 		--max-size 1048576 ${stall_ms:+--stall-ms $stall_ms}
 }
 
@@ -463,8 +463,8 @@ bitflip_nocrc)
 	# default): documented in README.md here. The run must not crash or
 	# hang; what the flips did is counted and printed.
 	start_impair 90 --flip 5 --flip-count 3 --flip-skip 4096
-	start_server 90 SIWX_LOG_LEVEL=warn -- --fault --tolerate-corruption --rounds 150 --max-size 65536
-	start_client 90 SIWX_LOG_LEVEL=warn -- --fault --tolerate-corruption --rounds 150 --max-size 65536
+	start_server 90 SIWX_LOG_LEVEL=info -- --fault --tolerate-corruption --rounds 150 --max-size 65536
+	start_client 90 SIWX_LOG_LEVEL=info -- --fault --tolerate-corruption --rounds 150 --max-size 65536
 	wait "$client_pid"
 	c=$?
 	wait "$server_pid"
