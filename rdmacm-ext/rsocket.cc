@@ -31,6 +31,7 @@ constexpr std::uint32_t kMaxTransfer = 65536;  // largest single RDMA Write
 constexpr std::uint32_t kScratchSlot = 32;     // one message, SGE or iomap entry
 constexpr int kWakeIntervalMs = 500;           // longest single sleep in a wait
 constexpr int kTeardownMs = 5000;              // bound of the waits in shutdown
+constexpr int kLingerMs = 2000;                // rclose waits this long for the peer to close
 
 // wr_id: kind in bits 63:60, argument (slot or octets) in 31:0.
 enum WrKind : std::uint64_t { kWrRecv = 1, kWrData = 2, kWrMsg = 3, kWrCtrl = 4, kWrDirect = 5 };
@@ -243,6 +244,7 @@ bool PollCq(Socket& s) {
       if (kind == kWrRecv) {
         if (wc[i].status != IBV_WC_SUCCESS) {
           // Flushed: the stream is gone. Data received before stays readable.
+          s.stream_ended = true;
           MarkBroken(s, wc[i].status == IBV_WC_WR_FLUSH_ERR ? 0 : EIO);
           continue;
         }
@@ -375,7 +377,7 @@ bool ProcessCmEvents(Socket& s) {
         if (s.phase == Phase::kConnected) {
           // Completions the stream delivered before its end come first.
           PollCq(s);
-          MarkBroken(s, 0);
+          if (!s.cm_disconnected) MarkBroken(s, 0);  // not our own rdma_disconnect
         } else if (s.phase != Phase::kConnectError && s.phase != Phase::kInit) {
           FailConnect(s, ECONNRESET);
         }
@@ -1065,7 +1067,8 @@ int Shutdown(Socket& s, std::unique_lock<std::mutex>& lk, int how) {
   if (send_disconnect) s.disconnect_sent = true;
   // Everything posted leaves before the stream is closed (bounded).
   (void)WaitUntil(s, lk, false, [&] { return s.sq_used == 0 || s.peer_gone; }, kTeardownMs);
-  if (!s.readable && !s.writable && !s.cm_disconnected) {
+  // The peer closes first, or rclose disconnects after a bounded wait.
+  if (!s.readable && !s.writable && !s.cm_disconnected && (s.peer_closed || s.peer_gone)) {
     (void)rdma_disconnect(s.id);
     s.cm_disconnected = true;
   }
@@ -1137,6 +1140,16 @@ void DestroySocket(Socket& s) {
 int Close(Socket& s, std::unique_lock<std::mutex>& lk) {
   if (s.phase == Phase::kConnected && (s.readable || s.writable || !s.cm_disconnected)) {
     (void)Shutdown(s, lk, SHUT_RDWR);
+  }
+  // The first end to close waits (bounded) for the peer's DISCONNECT or the
+  // end of the stream before it disconnects: destroying the QP resets a TCP
+  // connection that is still draining, and a reset makes the peer's kernel
+  // drop what its engine has not read yet (our last writes, which a peer
+  // spinning on iomapped memory, as riostream does, has not seen yet).
+  if (s.phase == Phase::kConnected && !s.cm_disconnected) {
+    (void)WaitUntil(s, lk, false, [&] { return s.peer_closed || s.peer_gone; }, kLingerMs);
+    (void)rdma_disconnect(s.id);
+    s.cm_disconnected = true;
   }
   DestroySocket(s);
   return 0;

@@ -65,6 +65,7 @@ struct Socket {
   bool readable = false;  // kConnected: more data may still arrive
   bool writable = false;  // kConnected: rsend is allowed
   bool peer_gone = false;       // the QP's stream ended (flush, DISCONNECTED)
+  bool stream_ended = false;    // the QP flushed its receives: TCP is closed
   bool peer_closed = false;     // the peer sent a DISCONNECT message
   bool disconnect_sent = false;  // our DISCONNECT message is posted
   bool cm_disconnected = false;  // rdma_disconnect called
