@@ -15,6 +15,7 @@
 //  - Keepalive messages: SO_KEEPALIVE and TCP_KEEPIDLE are accepted and
 //    reported back, but no keepalive is sent (the stream below is TCP).
 //  - RDMA_ROUTE (an InfiniBand path record): accepted and ignored.
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -28,6 +29,7 @@
 #include <cstdarg>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <vector>
 
@@ -242,6 +244,19 @@ int GetOption(Socket& s, int level, int optname, void* optval, socklen_t* optlen
           return PutInt(optval, optlen, 1) ? 0 : EINVAL;
         case TCP_MAXSEG:
           return PutInt(optval, optlen, 2048) ? 0 : EINVAL;
+        case TCP_INFO: {
+          // As stock: the state and the send queue size; the rest zero.
+          if (optval == nullptr || optlen == nullptr) return EINVAL;
+          tcp_info info{};
+          info.tcpi_state = s.phase == siwx::rs::Phase::kConnected && (s.readable || s.writable)
+                                ? TCP_ESTABLISHED
+                                : TCP_CLOSE;
+          info.tcpi_snd_cwnd = s.sq_size;
+          const socklen_t n = std::min<socklen_t>(*optlen, sizeof(info));
+          std::memcpy(optval, &info, n);
+          *optlen = n;
+          return 0;
+        }
         default:
           return ENOTSUP;
       }
@@ -393,6 +408,27 @@ ssize_t RecvIov(int fd, const iovec* iov, int iovcnt, int flags) {
   return total;
 }
 
+// Said once per process, unless socket() is interposed (librspreload):
+// there rsocket() is asked about every socket and a refused UDP socket
+// falls back to a kernel one, which is what the application needs.
+void ExplainNoDatagrams() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    Dl_info info{};
+    void* socket_fn = dlsym(RTLD_DEFAULT, "socket");
+    const bool interposed = socket_fn != nullptr && dladdr(socket_fn, &info) != 0 &&
+                            info.dli_fname != nullptr &&
+                            std::strstr(info.dli_fname, "libc.so") == nullptr;
+    if (interposed) {
+      SIWX_LOG(kInfo, "rsocket: SOCK_DGRAM refused (iWARP has no UD QPs); socket() is "
+               "interposed by %s, which uses a kernel socket instead", info.dli_fname);
+      return;
+    }
+    SIWX_LOG(kError, "rsocket: datagram rsockets (SOCK_DGRAM) need UD QPs, which iWARP does "
+             "not have; siwx provides SOCK_STREAM rsockets only (EOPNOTSUPP)");
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -403,8 +439,7 @@ int rsocket(int domain, int type, int protocol) {
     return Fail(domain == AF_IB ? EAFNOSUPPORT : ENOTSUP);
   }
   if (base == SOCK_DGRAM) {
-    SIWX_LOG(kInfo, "rsocket: datagram rsockets need UD QPs, which iWARP does not have; "
-             "use SOCK_STREAM (EOPNOTSUPP)");
+    ExplainNoDatagrams();
     return Fail(EOPNOTSUPP);
   }
   if (base != SOCK_STREAM || (protocol != 0 && protocol != IPPROTO_TCP)) return Fail(ENOTSUP);
