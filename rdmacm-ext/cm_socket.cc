@@ -9,6 +9,7 @@
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -146,8 +147,15 @@ bool SameAddress(const SockAddr& a, const SockAddr& b) {
   return false;
 }
 
+// socket(2) by system call, not through libc's socket(): LD_PRELOAD of
+// librspreload interposes socket() and would turn the CM's own TCP sockets
+// into rsockets, which run over this CM (endless recursion).
+static int RawSocket(int family, int type, int protocol) {
+  return static_cast<int>(syscall(SYS_socket, family, type, protocol));
+}
+
 int OpenTcpSocket(int family, int* fd_out) {
-  const int fd = socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, IPPROTO_TCP);
+  const int fd = RawSocket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, IPPROTO_TCP);
   if (fd < 0) return Errno();
   *fd_out = fd;
   return 0;
@@ -293,7 +301,7 @@ void CloseAbortive(int fd) {
 }
 
 int SourceAddressFor(const SockAddr& dst, SockAddr* src) {
-  const int fd = socket(dst.family(), SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  const int fd = RawSocket(dst.family(), SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return Errno();
   SockAddr probe = dst;
   // Any port will do for a route lookup; 0 is refused by some kernels.
