@@ -12,9 +12,6 @@
 namespace siwx::engine {
 namespace {
 
-// Staging buffer for framing octets (and payload that arrives with them):
-// many small FPDUs per recvmsg, and never more than this copied per read.
-constexpr std::size_t kStagingSize = 16 * 1024;
 // recvmsg calls one readable event may make before yielding to other QPs.
 constexpr int kReadsPerTurn = 64;
 
@@ -148,10 +145,10 @@ void QpRx::OnReadable(transport::TcpStream& stream) {
     if (socket_drained_) break;
     const mpa::RxDemand demand = parser_->Demand();
     if (demand.kind == mpa::RxDemand::Kind::kFailed) break;
-    const ReadOutcome outcome = (demand.kind == mpa::RxDemand::Kind::kPayload &&
-                                 segment_ != Segment::kTerminate)
-                                    ? ReadPayloadDirect(stream, demand)
-                                    : ReadIntoStaging(stream);
+    const bool direct = demand.kind == mpa::RxDemand::Kind::kPayload &&
+                        segment_ != Segment::kTerminate && demand.length >= kDirectPlacementMin;
+    const ReadOutcome outcome =
+        direct ? ReadPayloadDirect(stream, demand) : ReadIntoStaging(stream);
     ++reads;
     if (outcome != ReadOutcome::kProgress) break;
   }
