@@ -105,8 +105,8 @@ void Core::AfterForkInChild() {
   // may still hold their numbers.
   for (auto& [pub, id] : ids_) net::Close(id->fd);
   for (auto& [handle, l] : lingers_) net::Close(l.fd);
-  net::Close(epfd_);
-  net::Close(wake_fd_);
+  poller_.reset();
+  wake_.reset();
   ids_.clear();
   by_handle_.clear();
   channels_.clear();
@@ -115,8 +115,6 @@ void Core::AfterForkInChild() {
   half_open_.clear();
   notes_.clear();
   live_ids_ = 0;
-  epfd_ = -1;
-  wake_fd_ = -1;
   notify_wake_fd_ = -1;
   stop_ = false;
   // The CM thread does not exist here: forget it without joining (its
@@ -131,26 +129,23 @@ void Core::AfterForkInChild() {
 
 int Core::EnsureLoop() {
   if (thread_.joinable()) return 0;
-  int epfd = -1;
-  int wake = -1;
-  int rc = net::CreateEpoll(&epfd);
-  if (rc == 0) rc = net::CreateEventFd(true, &wake);
+  auto poller = std::make_unique<net::Poller>();
+  auto wake = std::make_unique<net::Doorbell>();
+  int rc = poller->error();
+  if (rc == 0) rc = wake->error();
   bool registered = false;
-  if (rc == 0) rc = net::EpollUpdate(epfd, wake, net::kWantRead, kWakeCookie, &registered);
-  if (rc != 0) {
-    net::Close(epfd);
-    net::Close(wake);
-    return rc;
-  }
+  if (rc == 0) rc = poller->Update(wake->fd(), net::kWantRead, kWakeCookie, &registered);
+  if (rc != 0) return rc;
+  const int wake_fd = wake->fd();
   {
     std::lock_guard lock(mu_);
-    epfd_ = epfd;
-    wake_fd_ = wake;
+    poller_ = std::move(poller);
+    wake_ = std::move(wake);
     stop_ = false;
   }
   {
     std::lock_guard lock(notify_mu_);
-    notify_wake_fd_ = wake;
+    notify_wake_fd_ = wake_fd;
   }
   thread_ = std::thread([this] { Run(); });
   return 0;
@@ -163,7 +158,7 @@ void Core::StopLoopIfIdle() {
     std::lock_guard lock(mu_);
     if (live_ids_ != 0) return;
     stop_ = true;
-    net::SignalEventFd(wake_fd_);
+    wake_->Ring();
   }
   thread_.join();
   std::lock_guard lock(mu_);
@@ -174,33 +169,32 @@ void Core::StopLoopIfIdle() {
   }
   for (auto& [handle, linger] : lingers_) net::Close(linger.fd);
   lingers_.clear();
-  net::Close(epfd_);
-  net::Close(wake_fd_);
-  epfd_ = -1;
-  wake_fd_ = -1;
+  poller_.reset();
+  wake_.reset();
 }
 
 void Core::Wake() {
-  if (wake_fd_ >= 0) net::SignalEventFd(wake_fd_);
+  if (wake_ != nullptr) wake_->Ring();
 }
 
 void Core::Run() {
-  std::array<net::PollEvent, 64> events;
+  std::array<net::Poller::Event, 64> events;
   for (;;) {
     int timeout_ms;
-    int epfd;
+    net::Poller* poller;
     {
       std::lock_guard lock(mu_);
       if (stop_) return;
       timeout_ms = NextTimeoutMs(Clock::now());
-      epfd = epfd_;
+      poller = poller_.get();
     }
-    const int n = net::EpollWait(epfd, events.data(), static_cast<int>(events.size()), timeout_ms);
+    // The poller lives until this thread is joined (StopLoopIfIdle).
+    const int n = poller->Wait(events, timeout_ms);
     std::lock_guard lock(mu_);
     if (stop_) return;
     for (int i = 0; i < n; ++i) {
       if (events[i].cookie == kWakeCookie) {
-        net::DrainEventFd(wake_fd_);
+        wake_->Drain();
         continue;
       }
       HandleIo(events[i].cookie, events[i]);
@@ -597,9 +591,9 @@ int Core::WaitSync(rdma_cm_id* pub) {
 // ---- Sockets and interest ----
 
 void Core::SetInterest(CmId* id, std::uint32_t interest) {
-  if (id->fd < 0 || epfd_ < 0) return;
+  if (id->fd < 0 || poller_ == nullptr) return;
   if (interest == id->interest && (interest == 0) == !id->registered) return;
-  const int rc = net::EpollUpdate(epfd_, id->fd, interest, id->handle, &id->registered);
+  const int rc = poller_->Update(id->fd, interest, id->handle, &id->registered);
   if (rc != 0) {
     SIWX_LOG(kWarn, "CEP[%llu] epoll update failed (errno %d)",
              static_cast<unsigned long long>(id->handle), rc);
@@ -656,20 +650,20 @@ void Core::MoveToLinger(CmId* id, ByteSpan out) {
   id->registered = false;
   id->interest = 0;
   // Try at once; the loop finishes what does not go out now.
-  DriveLinger(handle, net::PollEvent{handle, true, true, false});
+  DriveLinger(handle, net::Poller::Event{handle, true, true, false});
   Wake();
 }
 
-void Core::DriveLinger(std::uint64_t handle, const net::PollEvent& ev) {
+void Core::DriveLinger(std::uint64_t handle, const net::Poller::Event& ev) {
   const auto it = lingers_.find(handle);
   if (it == lingers_.end()) return;
   Linger& l = it->second;
   bool done = false;
   if (!l.out.empty() && (ev.writable || ev.hangup)) {
     const net::IoResult r = net::SendSome(l.fd, l.out);
-    if (r.status == net::IoResult::Status::kOk) {
+    if (r.status == net::IoStatus::kOk) {
       l.out.erase(l.out.begin(), l.out.begin() + static_cast<std::ptrdiff_t>(r.bytes));
-    } else if (r.status == net::IoResult::Status::kError) {
+    } else if (r.status == net::IoStatus::kError) {
       done = true;
     }
   }
@@ -679,21 +673,21 @@ void Core::DriveLinger(std::uint64_t handle, const net::PollEvent& ev) {
   }
   if (!done && (ev.readable || ev.hangup)) {
     const net::IoResult r = net::DrainInput(l.fd);
-    done = r.status == net::IoResult::Status::kClosed || r.status == net::IoResult::Status::kError;
+    done = r.status == net::IoStatus::kClosed || r.status == net::IoStatus::kError;
   }
   if (done) {
-    if (l.registered && epfd_ >= 0) net::EpollUpdate(epfd_, l.fd, 0, handle, &l.registered);
+    if (l.registered && poller_ != nullptr) poller_->Update(l.fd, 0, handle, &l.registered);
     net::Close(l.fd);
     lingers_.erase(it);
     return;
   }
   const std::uint32_t interest = net::kWantRead | (l.out.empty() ? 0 : net::kWantWrite);
-  if (epfd_ >= 0) net::EpollUpdate(epfd_, l.fd, interest, handle, &l.registered);
+  if (poller_ != nullptr) poller_->Update(l.fd, interest, handle, &l.registered);
 }
 
 // ---- I/O dispatch ----
 
-void Core::HandleIo(std::uint64_t cookie, const net::PollEvent& ev) {
+void Core::HandleIo(std::uint64_t cookie, const net::Poller::Event& ev) {
   if (lingers_.count(cookie) != 0) {
     DriveLinger(cookie, ev);
     return;
@@ -897,7 +891,7 @@ void Core::OnTimers(TimePoint now) {
   }
   for (std::uint64_t handle : expired) {
     Linger& l = lingers_[handle];
-    if (l.registered && epfd_ >= 0) net::EpollUpdate(epfd_, l.fd, 0, handle, &l.registered);
+    if (l.registered && poller_ != nullptr) poller_->Update(l.fd, 0, handle, &l.registered);
     net::Close(l.fd);
     lingers_.erase(handle);
   }

@@ -312,8 +312,8 @@ class Core {
   void UpdateInterest(CmId* id);
   void CloseSocket(CmId* id, bool abortive);
   void MoveToLinger(CmId* id, ByteSpan out);
-  void DriveLinger(std::uint64_t handle, const net::PollEvent& ev);
-  void HandleIo(std::uint64_t cookie, const net::PollEvent& ev);
+  void DriveLinger(std::uint64_t handle, const net::Poller::Event& ev);
+  void HandleIo(std::uint64_t cookie, const net::Poller::Event& ev);
   void AcceptPending(CmId* listener);
   void BackOffAccepting(CmId* listener, int error);
   // A child accepted but whose MPA Request is not complete yet.
@@ -352,8 +352,8 @@ class Core {
 
   std::mutex mu_;
   bool stop_ = false;                                             // mu_
-  int epfd_ = -1;                                                 // mu_ (fixed while running)
-  int wake_fd_ = -1;                                              // mu_ (fixed while running)
+  std::unique_ptr<net::Poller> poller_;                           // mu_ (fixed while running)
+  std::unique_ptr<net::Doorbell> wake_;                           // mu_ (fixed while running)
   std::size_t live_ids_ = 0;                                      // mu_
   std::uint64_t next_handle_ = 1;                                 // mu_
   std::unordered_map<rdma_event_channel*, CmChannel*> channels_;  // mu_
@@ -366,7 +366,7 @@ class Core {
   std::deque<std::uint64_t> half_open_;                           // mu_
 
   std::mutex notify_mu_;
-  int notify_wake_fd_ = -1;              // notify_mu_: wake_fd_ while the loop runs
+  int notify_wake_fd_ = -1;              // notify_mu_: wake_'s fd while the loop runs
   std::vector<StreamNote> notes_;        // notify_mu_
 };
 

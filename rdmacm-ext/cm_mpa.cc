@@ -55,8 +55,8 @@ int Core::FlushNegotiatorOutput(CmId* id) {
   mpa::MpaNegotiator& n = *id->negotiator;
   while (!n.PendingOutput().empty()) {
     const net::IoResult r = net::SendSome(id->fd, n.PendingOutput());
-    if (r.status == net::IoResult::Status::kWouldBlock) return 0;
-    if (r.status != net::IoResult::Status::kOk) return r.error != 0 ? r.error : EPIPE;
+    if (r.status == net::IoStatus::kWouldBlock) return 0;
+    if (r.status != net::IoStatus::kOk) return r.error != 0 ? r.error : EPIPE;
     n.ConsumeOutput(r.bytes);
   }
   return 0;
@@ -79,15 +79,15 @@ void Core::Drive(CmId* id, bool hangup) {
   while (!lost && ExpectsFrames(n)) {
     std::array<std::uint8_t, kMaxStartupFrame> buf;
     const net::IoResult r = net::Peek(id->fd, buf);
-    if (r.status == net::IoResult::Status::kWouldBlock) break;
-    if (r.status != net::IoResult::Status::kOk) {
+    if (r.status == net::IoStatus::kWouldBlock) break;
+    if (r.status != net::IoStatus::kOk) {
       lost = true;
       break;
     }
     const std::size_t consumed = n.Feed(now, ByteSpan(buf.data(), r.bytes));
     if (consumed > 0) {
       const net::IoResult d = net::Discard(id->fd, consumed);
-      if (d.status != net::IoResult::Status::kOk) lost = true;
+      if (d.status != net::IoStatus::kOk) lost = true;
     }
     ProcessNegotiatorEvents(id);
     if (!alive()) return;
