@@ -393,7 +393,7 @@ void Core::ReleaseBacklogSlot(CmId* id) {
   CmId* l = id->listener;
   if (l == nullptr) return;
   id->listener = nullptr;
-  if (id->backlog_slot && l->pending > 0) --l->pending;
+  if (id->backlog_slot && l->listen.pending > 0) --l->listen.pending;
   id->backlog_slot = false;
   UpdateInterest(l);
 }
@@ -416,13 +416,13 @@ void Core::DestroyLocked(CmId* id) {
   ReleaseBacklogSlot(id);
 
   // As the kernel iw_cm: destroying a connected id resets its connection.
-  if (id->stream_bound && !id->disconnect_posted) EndBoundStream(id, true);
+  if (id->stream.bound && !id->stream.disconnect_posted) EndBoundStream(id, true);
   if (id->fd >= 0) {
     const bool graceful = id->state == IdState::kEstablished ||
                           id->state == IdState::kAwaitEstablish ||
                           id->state == IdState::kDisconnected;
     if (graceful) {
-      if (!id->disconnect_posted) net::ShutdownWrite(id->fd);
+      if (!id->stream.disconnect_posted) net::ShutdownWrite(id->fd);
       MoveToLinger(id, {});
     } else {
       CloseSocket(id, id->state != IdState::kBound && id->state != IdState::kListening &&
@@ -430,7 +430,7 @@ void Core::DestroyLocked(CmId* id) {
                           id->state != IdState::kRouteResolved);
     }
   }
-  id->negotiator.reset();
+  id->mpa.negotiator.reset();
   if (id->pub.event != nullptr) {
     const auto it = events_.find(id->pub.event);
     if (it != events_.end()) {
@@ -605,16 +605,16 @@ void Core::UpdateInterest(CmId* id) {
   std::uint32_t interest = 0;
   switch (id->state) {
     case IdState::kListening:
-      interest = id->pending < id->backlog && !id->accept_retry_at ? net::kWantRead : 0;
+      interest = id->listen.pending < id->listen.backlog && !id->listen.accept_retry_at ? net::kWantRead : 0;
       break;
     case IdState::kTcpConnecting: interest = net::kWantWrite; break;
     case IdState::kMpaStartup:
     case IdState::kRequestPending:
     case IdState::kFlushing:
       interest = net::kWantHangup;
-      if (id->negotiator != nullptr) {
-        if (ExpectsFrames(*id->negotiator)) interest |= net::kWantRead;
-        if (!id->negotiator->PendingOutput().empty()) interest |= net::kWantWrite;
+      if (id->mpa.negotiator != nullptr) {
+        if (ExpectsFrames(*id->mpa.negotiator)) interest |= net::kWantRead;
+        if (!id->mpa.negotiator->PendingOutput().empty()) interest |= net::kWantWrite;
       }
       break;
     case IdState::kAwaitEstablish:
@@ -775,10 +775,10 @@ void Core::MakeRoomForHalfOpen(const net::SockAddr& peer) {
 }
 
 void Core::BackOffAccepting(CmId* listener, int error) {
-  const bool first = listener->accept_backoff.count() == 0;
-  listener->accept_backoff =
-      first ? kAcceptBackoffMin : std::min(listener->accept_backoff * 2, kAcceptBackoffMax);
-  listener->accept_retry_at = Clock::now() + listener->accept_backoff;
+  const bool first = listener->listen.accept_backoff.count() == 0;
+  listener->listen.accept_backoff =
+      first ? kAcceptBackoffMin : std::min(listener->listen.accept_backoff * 2, kAcceptBackoffMax);
+  listener->listen.accept_retry_at = Clock::now() + listener->listen.accept_backoff;
   if (first) {
     SIWX_LOG(kWarn, "CEP[%llu] cannot accept connections: %s; retrying every %lld ms at most "
                     "while it lasts (raise the descriptor limit, ulimit -n)",
@@ -789,11 +789,11 @@ void Core::BackOffAccepting(CmId* listener, int error) {
 
 void Core::AcceptPending(CmId* listener) {
   const TimePoint now = Clock::now();
-  while (listener->pending < listener->backlog && !listener->accept_retry_at) {
+  while (listener->listen.pending < listener->listen.backlog && !listener->listen.accept_retry_at) {
     int fd = -1;
     const int rc = net::AcceptOne(listener->fd, &fd);
     if (rc == EAGAIN) {
-      listener->accept_backoff = std::chrono::milliseconds(0);  // any shortage is over
+      listener->listen.accept_backoff = std::chrono::milliseconds(0);  // any shortage is over
       break;
     }
     if (rc != 0) {
@@ -803,7 +803,7 @@ void Core::AcceptPending(CmId* listener) {
       BackOffAccepting(listener, rc);
       break;
     }
-    listener->accept_backoff = std::chrono::milliseconds(0);
+    listener->listen.accept_backoff = std::chrono::milliseconds(0);
     net::SetNoDelay(fd);
     CmId* child = NewId(nullptr, false, listener->pub.context, listener->pub.ps,
                         listener->pub.qp_type);
@@ -833,9 +833,9 @@ void Core::AcceptPending(CmId* listener) {
       std::memcpy(&child->pub.route.addr.dst_storage, &peer.storage, sizeof(peer.storage));
       MakeRoomForHalfOpen(peer);
     }
-    child->negotiator = std::make_unique<mpa::MpaNegotiator>(
+    child->mpa.negotiator = std::make_unique<mpa::MpaNegotiator>(
         MakeNegotiatorConfig(child->options, mpa::MpaRole::kResponder, 0, 0));
-    if (child->negotiator->Start(NowMpa(now)) != mpa::NegotiatorStatus::kOk) {
+    if (child->mpa.negotiator->Start(NowMpa(now)) != mpa::NegotiatorStatus::kOk) {
       SIWX_LOG(kWarn, "CEP[%llu] MPA responder configuration refused; dropping %s",
                static_cast<unsigned long long>(child->handle), peer.ToString().c_str());
       CloseSocket(child, true);
@@ -860,28 +860,28 @@ void Core::OnTimers(TimePoint now) {
   std::vector<std::uint64_t> due;
   for (auto& [handle, id] : by_handle_) {
     const bool connect_due = id->connect_deadline && *id->connect_deadline <= now;
-    const bool mpa_due = id->negotiator != nullptr && id->negotiator->Deadline() &&
-                         FromMpa(*id->negotiator->Deadline()) <= now;
-    const bool flush_due = id->flush_deadline && *id->flush_deadline <= now;
-    const bool accept_due = id->accept_retry_at && *id->accept_retry_at <= now;
+    const bool mpa_due = id->mpa.negotiator != nullptr && id->mpa.negotiator->Deadline() &&
+                         FromMpa(*id->mpa.negotiator->Deadline()) <= now;
+    const bool flush_due = id->mpa.flush_deadline && *id->mpa.flush_deadline <= now;
+    const bool accept_due = id->listen.accept_retry_at && *id->listen.accept_retry_at <= now;
     if (connect_due || mpa_due || flush_due || accept_due) due.push_back(handle);
   }
   for (std::uint64_t handle : due) {
     const auto it = by_handle_.find(handle);
     if (it == by_handle_.end()) continue;
     CmId* id = it->second;
-    if (id->accept_retry_at && *id->accept_retry_at <= now) {
-      id->accept_retry_at.reset();
+    if (id->listen.accept_retry_at && *id->listen.accept_retry_at <= now) {
+      id->listen.accept_retry_at.reset();
       if (id->state == IdState::kListening) AcceptPending(id);
-    } else if (id->flush_deadline && *id->flush_deadline <= now) {
-      id->flush_deadline.reset();
+    } else if (id->mpa.flush_deadline && *id->mpa.flush_deadline <= now) {
+      id->mpa.flush_deadline.reset();
       if (id->state == IdState::kFlushing) {
         FailFlushing(id, ETIMEDOUT, "the peer did not take the last startup frame in time");
       }
     } else if (id->connect_deadline) {
       FailConnect(id, ETIMEDOUT);
-    } else if (id->negotiator != nullptr) {
-      id->negotiator->OnTime(NowMpa(now));
+    } else if (id->mpa.negotiator != nullptr) {
+      id->mpa.negotiator->OnTime(NowMpa(now));
       ProcessNegotiatorEvents(id);
     }
   }
@@ -904,16 +904,16 @@ int Core::NextTimeoutMs(TimePoint now) {
   };
   for (auto& [handle, id] : by_handle_) {
     if (id->connect_deadline) consider(*id->connect_deadline);
-    if (id->flush_deadline) consider(*id->flush_deadline);
-    if (id->accept_retry_at) consider(*id->accept_retry_at);
-    if (id->negotiator != nullptr && id->negotiator->Deadline()) {
-      consider(FromMpa(*id->negotiator->Deadline()));
+    if (id->mpa.flush_deadline) consider(*id->mpa.flush_deadline);
+    if (id->listen.accept_retry_at) consider(*id->listen.accept_retry_at);
+    if (id->mpa.negotiator != nullptr && id->mpa.negotiator->Deadline()) {
+      consider(FromMpa(*id->mpa.negotiator->Deadline()));
     }
   }
   for (auto& [handle, l] : lingers_) consider(l.deadline);
   for (auto& [handle, id] : by_handle_) {
     // Polling by the application is not an event here: look again soon.
-    if (id->disconnect_held_until) consider(std::min(*id->disconnect_held_until, now + kDisconnectRecheck));
+    if (id->stream.held_until) consider(std::min(*id->stream.held_until, now + kDisconnectRecheck));
   }
   if (!next) return -1;
   if (*next <= now) return 0;
