@@ -253,14 +253,7 @@ int Core::GetRequest(rdma_cm_id* listen, rdma_cm_id** out) {
     std::lock_guard lock(mu_);
     CmId* l = FindId(listen);
     if (l == nullptr || !l->sync || l->channel == nullptr) return EINVAL;
-    if (l->pub.event != nullptr) {
-      const auto it = events_.find(l->pub.event);
-      if (it != events_.end()) {
-        delete it->second;
-        events_.erase(it);
-      }
-      l->pub.event = nullptr;
-    }
+    DropSyncEvent(l);
     channel = &l->channel->pub;
   }
   rdma_cm_event* ev = nullptr;

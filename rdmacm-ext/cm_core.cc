@@ -328,6 +328,16 @@ void Core::RemoveQueuedEvents(CmId* id) {
   }
 }
 
+void Core::DropSyncEvent(CmId* id) {
+  if (id->pub.event == nullptr) return;
+  const auto it = events_.find(id->pub.event);
+  if (it != events_.end()) {
+    delete it->second;
+    events_.erase(it);
+  }
+  id->pub.event = nullptr;
+}
+
 // ---- Ids ----
 
 CmId* Core::NewId(CmChannel* channel, bool sync, void* context, rdma_port_space ps,
@@ -431,14 +441,7 @@ void Core::DestroyLocked(CmId* id) {
     }
   }
   id->mpa.negotiator.reset();
-  if (id->pub.event != nullptr) {
-    const auto it = events_.find(id->pub.event);
-    if (it != events_.end()) {
-      delete it->second;
-      events_.erase(it);
-    }
-    id->pub.event = nullptr;
-  }
+  DropSyncEvent(id);
   if (id->sync && id->channel != nullptr) FreeChannel(id->channel);
   ids_.erase(&id->pub);
   by_handle_.erase(id->handle);
@@ -496,14 +499,7 @@ int Core::MigrateId(rdma_cm_id* pub, rdma_event_channel* channel) {
     }
   }
   if (id->sync) {
-    if (id->pub.event != nullptr) {
-      const auto it = events_.find(id->pub.event);
-      if (it != events_.end()) {
-        delete it->second;
-        events_.erase(it);
-      }
-      id->pub.event = nullptr;
-    }
+    DropSyncEvent(id);
     if (old != nullptr) FreeChannel(old);
   }
   id->channel = target;
@@ -561,14 +557,7 @@ int Core::WaitSync(rdma_cm_id* pub) {
     std::lock_guard lock(mu_);
     CmId* id = FindId(pub);
     if (id == nullptr || id->channel == nullptr) return EINVAL;
-    if (id->pub.event != nullptr) {
-      const auto it = events_.find(id->pub.event);
-      if (it != events_.end()) {
-        delete it->second;
-        events_.erase(it);
-      }
-      id->pub.event = nullptr;
-    }
+    DropSyncEvent(id);
     channel = &id->channel->pub;
   }
   rdma_cm_event* ev = nullptr;

@@ -317,6 +317,8 @@ class Core {
   CmEvent* Post(CmId* id, rdma_cm_event_type type, int status, ByteSpan private_data = {},
                 std::uint32_t ird = 0, std::uint32_t ord = 0);
   void RemoveQueuedEvents(CmId* id);
+  // Forgets the event a synchronous call left in id->pub.event.
+  void DropSyncEvent(CmId* id);
   void ReleaseBacklogSlot(CmId* id);
   void SetInterest(CmId* id, std::uint32_t interest);
   void UpdateInterest(CmId* id);
