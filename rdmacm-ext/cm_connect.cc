@@ -162,7 +162,8 @@ int Core::Accept(rdma_cm_id* pub, const rdma_conn_param* param) {
         id->target_qp_num = param->qp_num;
       }
     }
-    mpa::NegotiatorStatus s = id->mpa.negotiator->Accept(NowMpa(Clock::now()), pd, id->mpa.ird, id->mpa.ord);
+    mpa::NegotiatorStatus s =
+        id->mpa.negotiator->Accept(NowMpa(Clock::now()), pd, id->mpa.ird, id->mpa.ord);
     if (s == mpa::NegotiatorStatus::kInvalidArgument && id->mpa.ird == 0) {
       // Only a Read RTR to grant and no inbound Read slot: one is needed.
       id->mpa.ird = 1;

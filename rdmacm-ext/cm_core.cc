@@ -292,7 +292,8 @@ CmEvent* Core::Post(CmId* id, rdma_cm_event_type type, int status, ByteSpan priv
   // RDMA_CM private data lengths are 8 bits; siwx_cm_peer_private_data()
   // gives the rest of a longer MPA private data.
   const std::size_t len = std::min<std::size_t>(private_data.size(), 255);
-  ev->private_data.assign(private_data.begin(), private_data.begin() + static_cast<std::ptrdiff_t>(len));
+  ev->private_data.assign(private_data.begin(),
+                          private_data.begin() + static_cast<std::ptrdiff_t>(len));
   ev->pub.param.conn.private_data = ev->private_data.empty() ? nullptr : ev->private_data.data();
   ev->pub.param.conn.private_data_len = static_cast<std::uint8_t>(len);
   ev->pub.param.conn.responder_resources = ClampU8(ird);
@@ -594,7 +595,9 @@ void Core::UpdateInterest(CmId* id) {
   std::uint32_t interest = 0;
   switch (id->state) {
     case IdState::kListening:
-      interest = id->listen.pending < id->listen.backlog && !id->listen.accept_retry_at ? net::kWantRead : 0;
+      interest = id->listen.pending < id->listen.backlog && !id->listen.accept_retry_at
+                     ? net::kWantRead
+                     : 0;
       break;
     case IdState::kTcpConnecting: interest = net::kWantWrite; break;
     case IdState::kMpaStartup:

@@ -166,8 +166,12 @@ void Core::OnRequestReceived(CmId* id) {
   // device limits, as Linux iWARP drivers report them for such peers; the
   // ULP's own agreement goes in rdma_accept's conn_param.
   if (offer.ird_ord) {
-    if (offer.ird_ord->ord != mpa::kIrdOrdNotNegotiated) ird = std::min(ird, std::uint32_t{offer.ird_ord->ord});
-    if (offer.ird_ord->ird != mpa::kIrdOrdNotNegotiated) ord = std::min(ord, std::uint32_t{offer.ird_ord->ird});
+    if (offer.ird_ord->ord != mpa::kIrdOrdNotNegotiated) {
+      ird = std::min(ird, std::uint32_t{offer.ird_ord->ord});
+    }
+    if (offer.ird_ord->ird != mpa::kIrdOrdNotNegotiated) {
+      ord = std::min(ord, std::uint32_t{offer.ird_ord->ird});
+    }
   }
   id->mpa.request_ird = ClampU8(ird);
   id->mpa.request_ord = ClampU8(ord);
@@ -214,11 +218,13 @@ void Core::LogEstablished(const CmId* id) {
            "CEP[%llu] %s with %s: %s, Rev %u, CRC %s, markers tx %s rx %s, large FPDUs %s, "
            "IRD %u ORD %u%s, %s",
            static_cast<unsigned long long>(id->handle),
-           id->role == mpa::MpaRole::kInitiator ? "connected as Initiator" : "accepted as Responder",
+           id->role == mpa::MpaRole::kInitiator ? "connected as Initiator"
+                                                : "accepted as Responder",
            peer.ToString().c_str(), std::string(mpa::MpaDialectName(p.dialect)).c_str(),
            static_cast<unsigned>(p.revision), std::string(OnOff(p.crc)).c_str(),
            std::string(OnOff(p.markers_tx)).c_str(), std::string(OnOff(p.markers_rx)).c_str(),
-           std::string(OnOff(p.large_fpdus)).c_str(), static_cast<unsigned>(p.ird), static_cast<unsigned>(p.ord),
+           std::string(OnOff(p.large_fpdus)).c_str(), static_cast<unsigned>(p.ird),
+           static_cast<unsigned>(p.ord),
            p.ird_ord_exchanged ? " (exchanged)" : "", rtr.c_str());
 }
 

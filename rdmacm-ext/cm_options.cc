@@ -72,7 +72,8 @@ int Core::ConnectionInfo(rdma_cm_id* pub, siwx_cm_conn_info* out) {
   if (!id->started) return ENOTCONN;
   siwx_cm_conn_info info{};
   info.size = sizeof(info);
-  info.role = id->role == mpa::MpaRole::kInitiator ? SIWX_CM_ROLE_INITIATOR : SIWX_CM_ROLE_RESPONDER;
+  info.role =
+      id->role == mpa::MpaRole::kInitiator ? SIWX_CM_ROLE_INITIATOR : SIWX_CM_ROLE_RESPONDER;
   const mpa::NegotiatedParams& p = id->mpa.negotiated;
   if (id->mpa.done) {
     info.dialect = static_cast<std::uint32_t>(DialectNumber(p.dialect));
@@ -116,7 +117,8 @@ int Core::PeerPrivateData(rdma_cm_id* pub, void* buf, std::size_t len, std::size
   if (id == nullptr || (buf == nullptr && len != 0)) return EINVAL;
   if (!id->started) return ENOTCONN;
   const mpa::NegotiatedParams& seen =
-      (!id->mpa.done && id->mpa.negotiator != nullptr) ? id->mpa.negotiator->params() : id->mpa.negotiated;
+      (!id->mpa.done && id->mpa.negotiator != nullptr) ? id->mpa.negotiator->params()
+                                                       : id->mpa.negotiated;
   const std::vector<std::uint8_t>& pd = seen.peer_private_data;
   if (!pd.empty() && len != 0) std::memcpy(buf, pd.data(), std::min(len, pd.size()));
   *full = pd.size();
