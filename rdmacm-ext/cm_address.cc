@@ -183,14 +183,14 @@ int Core::Listen(rdma_cm_id* pub, int backlog) {
   std::lock_guard lock(mu_);
   CmId* id = FindId(pub);
   if (id == nullptr || id->state != IdState::kBound) return EINVAL;
-  id->backlog = backlog > 0 ? backlog : kDefaultBacklog;
+  id->listen.backlog = backlog > 0 ? backlog : kDefaultBacklog;
   // Accepted connections inherit SO_REUSEADDR: they must not keep the port
   // from the next listener (see BindAddr).
   (void)net::SetReuseAddr(id->fd, true);
   // The kernel queue holds connections for the CM thread, which takes them
   // at once (half-open ones take no backlog slot): a small application
   // backlog must not make a burst of SYNs wait for retransmission.
-  const int rc = net::ListenOn(id->fd, std::max(id->backlog, kMinKernelBacklog));
+  const int rc = net::ListenOn(id->fd, std::max(id->listen.backlog, kMinKernelBacklog));
   if (rc != 0) return rc;
   net::SockAddr local;
   if (net::LocalAddress(id->fd, &local) == 0) {

@@ -49,7 +49,7 @@ void Core::FailConnect(CmId* id, int error) {
   SIWX_LOG(kInfo, "CEP[%llu] %s", static_cast<unsigned long long>(id->handle), id->failure.c_str());
   CloseSocket(id, true);
   id->connect_deadline.reset();
-  id->negotiator.reset();
+  id->mpa.negotiator.reset();
   id->state = IdState::kFailed;
   Post(id, EventForConnectError(error), -error);
 }
@@ -60,14 +60,14 @@ void Core::StartInitiatorMpa(CmId* id) {
   if (net::LocalAddress(id->fd, &local) == 0) {
     std::memcpy(&id->pub.route.addr.src_storage, &local.storage, sizeof(local.storage));
   }
-  id->negotiator = std::make_unique<mpa::MpaNegotiator>(
-      MakeNegotiatorConfig(id->options, mpa::MpaRole::kInitiator, id->ird, id->ord));
-  const mpa::NegotiatorStatus s = id->negotiator->Start(NowMpa(Clock::now()), id->private_data);
+  id->mpa.negotiator = std::make_unique<mpa::MpaNegotiator>(
+      MakeNegotiatorConfig(id->options, mpa::MpaRole::kInitiator, id->mpa.ird, id->mpa.ord));
+  const mpa::NegotiatorStatus s = id->mpa.negotiator->Start(NowMpa(Clock::now()), id->private_data);
   if (s != mpa::NegotiatorStatus::kOk) {
     // Connect() checked the same configuration; this is only a safety net.
     id->failure = std::string("MPA Request refused: ") + std::string(mpa::NegotiatorStatusName(s));
     CloseSocket(id, true);
-    id->negotiator.reset();
+    id->mpa.negotiator.reset();
     id->state = IdState::kFailed;
     Post(id, RDMA_CM_EVENT_CONNECT_ERROR, -EINVAL);
     return;
@@ -85,9 +85,9 @@ int Core::Connect(rdma_cm_id* pub, const rdma_conn_param* param) {
     CmId* id = FindId(pub);
     if (id == nullptr || id->state != IdState::kRouteResolved) return EINVAL;
     const DeviceLimits limits = DeviceRegistry::Get().LimitsOf(id->pub.verbs);
-    id->ird = ClampDepth(param ? param->responder_resources : 0, limits.max_ird,
+    id->mpa.ird = ClampDepth(param ? param->responder_resources : 0, limits.max_ird,
                          param == nullptr || param->responder_resources == RDMA_MAX_RESP_RES);
-    id->ord = ClampDepth(param ? param->initiator_depth : 0, limits.max_ord,
+    id->mpa.ord = ClampDepth(param ? param->initiator_depth : 0, limits.max_ord,
                          param == nullptr || param->initiator_depth == RDMA_MAX_INIT_DEPTH);
     id->private_data.clear();
     if (param != nullptr && param->private_data != nullptr && param->private_data_len > 0) {
@@ -98,7 +98,7 @@ int Core::Connect(rdma_cm_id* pub, const rdma_conn_param* param) {
     // Check the Request the negotiator would build before anything goes out.
     {
       mpa::MpaNegotiator probe(
-          MakeNegotiatorConfig(id->options, mpa::MpaRole::kInitiator, id->ird, id->ord));
+          MakeNegotiatorConfig(id->options, mpa::MpaRole::kInitiator, id->mpa.ird, id->mpa.ord));
       if (probe.Start(mpa::MpaTime::zero(), id->private_data) != mpa::NegotiatorStatus::kOk) {
         return EINVAL;
       }
@@ -106,8 +106,8 @@ int Core::Connect(rdma_cm_id* pub, const rdma_conn_param* param) {
     if (id->fd < 0) return EINVAL;  // resolve_addr always leaves a socket
     id->role = mpa::MpaRole::kInitiator;
     id->started = true;
-    id->mpa_done = false;
-    id->mpa_error = mpa::MpaError::kNone;
+    id->mpa.done = false;
+    id->mpa.error = mpa::MpaError::kNone;
     id->failure.clear();
     id->failure_code = SIWX_CM_FAILURE_NONE;
     if (id->tos) (void)net::SetTos(id->fd, id->pub.route.addr.src_addr.sa_family, *id->tos);
@@ -136,15 +136,15 @@ int Core::Accept(rdma_cm_id* pub, const rdma_conn_param* param) {
     CmId* id = FindId(pub);
     if (id == nullptr) return EINVAL;
     if (id->peer_gone) return ECONNRESET;
-    if (id->state != IdState::kRequestPending || id->negotiator == nullptr) return EINVAL;
+    if (id->state != IdState::kRequestPending || id->mpa.negotiator == nullptr) return EINVAL;
     const DeviceLimits limits = DeviceRegistry::Get().LimitsOf(id->pub.verbs);
     if (param == nullptr) {
-      id->ird = id->request_ird;
-      id->ord = id->request_ord;
+      id->mpa.ird = id->mpa.request_ird;
+      id->mpa.ord = id->mpa.request_ord;
     } else {
-      id->ird = ClampDepth(param->responder_resources, limits.max_ird,
+      id->mpa.ird = ClampDepth(param->responder_resources, limits.max_ird,
                            param->responder_resources == RDMA_MAX_RESP_RES);
-      id->ord = ClampDepth(param->initiator_depth, limits.max_ord,
+      id->mpa.ord = ClampDepth(param->initiator_depth, limits.max_ord,
                            param->initiator_depth == RDMA_MAX_INIT_DEPTH);
     }
     ByteSpan pd;
@@ -162,11 +162,12 @@ int Core::Accept(rdma_cm_id* pub, const rdma_conn_param* param) {
         id->target_qp_num = param->qp_num;
       }
     }
-    mpa::NegotiatorStatus s = id->negotiator->Accept(NowMpa(Clock::now()), pd, id->ird, id->ord);
-    if (s == mpa::NegotiatorStatus::kInvalidArgument && id->ird == 0) {
+    mpa::NegotiatorStatus s =
+        id->mpa.negotiator->Accept(NowMpa(Clock::now()), pd, id->mpa.ird, id->mpa.ord);
+    if (s == mpa::NegotiatorStatus::kInvalidArgument && id->mpa.ird == 0) {
       // Only a Read RTR to grant and no inbound Read slot: one is needed.
-      id->ird = 1;
-      s = id->negotiator->Accept(NowMpa(Clock::now()), pd, id->ird, id->ord);
+      id->mpa.ird = 1;
+      s = id->mpa.negotiator->Accept(NowMpa(Clock::now()), pd, id->mpa.ird, id->mpa.ord);
     }
     if (s != mpa::NegotiatorStatus::kOk) return EINVAL;
     ReleaseBacklogSlot(id);
@@ -184,16 +185,16 @@ int Core::Reject(rdma_cm_id* pub, const void* private_data, std::uint8_t len) {
   CmId* id = FindId(pub);
   if (id == nullptr) return EINVAL;
   if (id->peer_gone) return 0;  // nothing left to reject
-  if (id->state != IdState::kRequestPending || id->negotiator == nullptr) return EINVAL;
+  if (id->state != IdState::kRequestPending || id->mpa.negotiator == nullptr) return EINVAL;
   ByteSpan pd;
   if (private_data != nullptr) pd = ByteSpan(static_cast<const std::uint8_t*>(private_data), len);
   // A v2 reject carries IRD/ORD 0: no resources offered.
-  if (id->negotiator->Reject(pd) != mpa::NegotiatorStatus::kOk) return EINVAL;
+  if (id->mpa.negotiator->Reject(pd) != mpa::NegotiatorStatus::kOk) return EINVAL;
   ReleaseBacklogSlot(id);
   // RFC 5044 7.1.2 rule 2: MPA exits after the Reject; we close the TCP
   // connection once the Reply is out and the peer has seen it.
-  MoveToLinger(id, id->negotiator->PendingOutput());
-  id->negotiator.reset();
+  MoveToLinger(id, id->mpa.negotiator->PendingOutput());
+  id->mpa.negotiator.reset();
   id->state = IdState::kRejected;
   return 0;
 }
@@ -229,14 +230,14 @@ int Core::Disconnect(rdma_cm_id* pub) {
       case IdState::kDisconnected: return 0;
       default: return EINVAL;
     }
-    if (id->stream_bound) {
+    if (id->stream.bound) {
       EndBoundStream(id, false);
     } else if (id->fd >= 0) {
       // CM-only: FIN now, close when the peer answers with its own.
       net::ShutdownWrite(id->fd);
       MoveToLinger(id, {});
     }
-    id->disconnect_posted = true;
+    id->stream.disconnect_posted = true;
     id->state = IdState::kDisconnected;
     Post(id, RDMA_CM_EVENT_DISCONNECTED, 0);
     if (!id->sync) return 0;
@@ -253,14 +254,7 @@ int Core::GetRequest(rdma_cm_id* listen, rdma_cm_id** out) {
     std::lock_guard lock(mu_);
     CmId* l = FindId(listen);
     if (l == nullptr || !l->sync || l->channel == nullptr) return EINVAL;
-    if (l->pub.event != nullptr) {
-      const auto it = events_.find(l->pub.event);
-      if (it != events_.end()) {
-        delete it->second;
-        events_.erase(it);
-      }
-      l->pub.event = nullptr;
-    }
+    DropSyncEvent(l);
     channel = &l->channel->pub;
   }
   rdma_cm_event* ev = nullptr;

@@ -105,8 +105,8 @@ void Core::AfterForkInChild() {
   // may still hold their numbers.
   for (auto& [pub, id] : ids_) net::Close(id->fd);
   for (auto& [handle, l] : lingers_) net::Close(l.fd);
-  net::Close(epfd_);
-  net::Close(wake_fd_);
+  poller_.reset();
+  wake_.reset();
   ids_.clear();
   by_handle_.clear();
   channels_.clear();
@@ -115,8 +115,6 @@ void Core::AfterForkInChild() {
   half_open_.clear();
   notes_.clear();
   live_ids_ = 0;
-  epfd_ = -1;
-  wake_fd_ = -1;
   notify_wake_fd_ = -1;
   stop_ = false;
   // The CM thread does not exist here: forget it without joining (its
@@ -131,26 +129,23 @@ void Core::AfterForkInChild() {
 
 int Core::EnsureLoop() {
   if (thread_.joinable()) return 0;
-  int epfd = -1;
-  int wake = -1;
-  int rc = net::CreateEpoll(&epfd);
-  if (rc == 0) rc = net::CreateEventFd(true, &wake);
+  auto poller = std::make_unique<net::Poller>();
+  auto wake = std::make_unique<net::Doorbell>();
+  int rc = poller->error();
+  if (rc == 0) rc = wake->error();
   bool registered = false;
-  if (rc == 0) rc = net::EpollUpdate(epfd, wake, net::kWantRead, kWakeCookie, &registered);
-  if (rc != 0) {
-    net::Close(epfd);
-    net::Close(wake);
-    return rc;
-  }
+  if (rc == 0) rc = poller->Update(wake->fd(), net::kWantRead, kWakeCookie, &registered);
+  if (rc != 0) return rc;
+  const int wake_fd = wake->fd();
   {
     std::lock_guard lock(mu_);
-    epfd_ = epfd;
-    wake_fd_ = wake;
+    poller_ = std::move(poller);
+    wake_ = std::move(wake);
     stop_ = false;
   }
   {
     std::lock_guard lock(notify_mu_);
-    notify_wake_fd_ = wake;
+    notify_wake_fd_ = wake_fd;
   }
   thread_ = std::thread([this] { Run(); });
   return 0;
@@ -163,7 +158,7 @@ void Core::StopLoopIfIdle() {
     std::lock_guard lock(mu_);
     if (live_ids_ != 0) return;
     stop_ = true;
-    net::SignalEventFd(wake_fd_);
+    wake_->Ring();
   }
   thread_.join();
   std::lock_guard lock(mu_);
@@ -174,33 +169,32 @@ void Core::StopLoopIfIdle() {
   }
   for (auto& [handle, linger] : lingers_) net::Close(linger.fd);
   lingers_.clear();
-  net::Close(epfd_);
-  net::Close(wake_fd_);
-  epfd_ = -1;
-  wake_fd_ = -1;
+  poller_.reset();
+  wake_.reset();
 }
 
 void Core::Wake() {
-  if (wake_fd_ >= 0) net::SignalEventFd(wake_fd_);
+  if (wake_ != nullptr) wake_->Ring();
 }
 
 void Core::Run() {
-  std::array<net::PollEvent, 64> events;
+  std::array<net::Poller::Event, 64> events;
   for (;;) {
     int timeout_ms;
-    int epfd;
+    net::Poller* poller;
     {
       std::lock_guard lock(mu_);
       if (stop_) return;
       timeout_ms = NextTimeoutMs(Clock::now());
-      epfd = epfd_;
+      poller = poller_.get();
     }
-    const int n = net::EpollWait(epfd, events.data(), static_cast<int>(events.size()), timeout_ms);
+    // The poller lives until this thread is joined (StopLoopIfIdle).
+    const int n = poller->Wait(events, timeout_ms);
     std::lock_guard lock(mu_);
     if (stop_) return;
     for (int i = 0; i < n; ++i) {
       if (events[i].cookie == kWakeCookie) {
-        net::DrainEventFd(wake_fd_);
+        wake_->Drain();
         continue;
       }
       HandleIo(events[i].cookie, events[i]);
@@ -298,7 +292,8 @@ CmEvent* Core::Post(CmId* id, rdma_cm_event_type type, int status, ByteSpan priv
   // RDMA_CM private data lengths are 8 bits; siwx_cm_peer_private_data()
   // gives the rest of a longer MPA private data.
   const std::size_t len = std::min<std::size_t>(private_data.size(), 255);
-  ev->private_data.assign(private_data.begin(), private_data.begin() + static_cast<std::ptrdiff_t>(len));
+  ev->private_data.assign(private_data.begin(),
+                          private_data.begin() + static_cast<std::ptrdiff_t>(len));
   ev->pub.param.conn.private_data = ev->private_data.empty() ? nullptr : ev->private_data.data();
   ev->pub.param.conn.private_data_len = static_cast<std::uint8_t>(len);
   ev->pub.param.conn.responder_resources = ClampU8(ird);
@@ -332,6 +327,16 @@ void Core::RemoveQueuedEvents(CmId* id) {
     }
     if (before != 0 && q.empty()) net::ClearEventFd(ch->pub.fd);
   }
+}
+
+void Core::DropSyncEvent(CmId* id) {
+  if (id->pub.event == nullptr) return;
+  const auto it = events_.find(id->pub.event);
+  if (it != events_.end()) {
+    delete it->second;
+    events_.erase(it);
+  }
+  id->pub.event = nullptr;
 }
 
 // ---- Ids ----
@@ -399,7 +404,7 @@ void Core::ReleaseBacklogSlot(CmId* id) {
   CmId* l = id->listener;
   if (l == nullptr) return;
   id->listener = nullptr;
-  if (id->backlog_slot && l->pending > 0) --l->pending;
+  if (id->backlog_slot && l->listen.pending > 0) --l->listen.pending;
   id->backlog_slot = false;
   UpdateInterest(l);
 }
@@ -422,13 +427,13 @@ void Core::DestroyLocked(CmId* id) {
   ReleaseBacklogSlot(id);
 
   // As the kernel iw_cm: destroying a connected id resets its connection.
-  if (id->stream_bound && !id->disconnect_posted) EndBoundStream(id, true);
+  if (id->stream.bound && !id->stream.disconnect_posted) EndBoundStream(id, true);
   if (id->fd >= 0) {
     const bool graceful = id->state == IdState::kEstablished ||
                           id->state == IdState::kAwaitEstablish ||
                           id->state == IdState::kDisconnected;
     if (graceful) {
-      if (!id->disconnect_posted) net::ShutdownWrite(id->fd);
+      if (!id->stream.disconnect_posted) net::ShutdownWrite(id->fd);
       MoveToLinger(id, {});
     } else {
       CloseSocket(id, id->state != IdState::kBound && id->state != IdState::kListening &&
@@ -436,15 +441,8 @@ void Core::DestroyLocked(CmId* id) {
                           id->state != IdState::kRouteResolved);
     }
   }
-  id->negotiator.reset();
-  if (id->pub.event != nullptr) {
-    const auto it = events_.find(id->pub.event);
-    if (it != events_.end()) {
-      delete it->second;
-      events_.erase(it);
-    }
-    id->pub.event = nullptr;
-  }
+  id->mpa.negotiator.reset();
+  DropSyncEvent(id);
   if (id->sync && id->channel != nullptr) FreeChannel(id->channel);
   ids_.erase(&id->pub);
   by_handle_.erase(id->handle);
@@ -502,14 +500,7 @@ int Core::MigrateId(rdma_cm_id* pub, rdma_event_channel* channel) {
     }
   }
   if (id->sync) {
-    if (id->pub.event != nullptr) {
-      const auto it = events_.find(id->pub.event);
-      if (it != events_.end()) {
-        delete it->second;
-        events_.erase(it);
-      }
-      id->pub.event = nullptr;
-    }
+    DropSyncEvent(id);
     if (old != nullptr) FreeChannel(old);
   }
   id->channel = target;
@@ -567,14 +558,7 @@ int Core::WaitSync(rdma_cm_id* pub) {
     std::lock_guard lock(mu_);
     CmId* id = FindId(pub);
     if (id == nullptr || id->channel == nullptr) return EINVAL;
-    if (id->pub.event != nullptr) {
-      const auto it = events_.find(id->pub.event);
-      if (it != events_.end()) {
-        delete it->second;
-        events_.erase(it);
-      }
-      id->pub.event = nullptr;
-    }
+    DropSyncEvent(id);
     channel = &id->channel->pub;
   }
   rdma_cm_event* ev = nullptr;
@@ -597,9 +581,9 @@ int Core::WaitSync(rdma_cm_id* pub) {
 // ---- Sockets and interest ----
 
 void Core::SetInterest(CmId* id, std::uint32_t interest) {
-  if (id->fd < 0 || epfd_ < 0) return;
+  if (id->fd < 0 || poller_ == nullptr) return;
   if (interest == id->interest && (interest == 0) == !id->registered) return;
-  const int rc = net::EpollUpdate(epfd_, id->fd, interest, id->handle, &id->registered);
+  const int rc = poller_->Update(id->fd, interest, id->handle, &id->registered);
   if (rc != 0) {
     SIWX_LOG(kWarn, "CEP[%llu] epoll update failed (errno %d)",
              static_cast<unsigned long long>(id->handle), rc);
@@ -611,16 +595,18 @@ void Core::UpdateInterest(CmId* id) {
   std::uint32_t interest = 0;
   switch (id->state) {
     case IdState::kListening:
-      interest = id->pending < id->backlog && !id->accept_retry_at ? net::kWantRead : 0;
+      interest = id->listen.pending < id->listen.backlog && !id->listen.accept_retry_at
+                     ? net::kWantRead
+                     : 0;
       break;
     case IdState::kTcpConnecting: interest = net::kWantWrite; break;
     case IdState::kMpaStartup:
     case IdState::kRequestPending:
     case IdState::kFlushing:
       interest = net::kWantHangup;
-      if (id->negotiator != nullptr) {
-        if (ExpectsFrames(*id->negotiator)) interest |= net::kWantRead;
-        if (!id->negotiator->PendingOutput().empty()) interest |= net::kWantWrite;
+      if (id->mpa.negotiator != nullptr) {
+        if (ExpectsFrames(*id->mpa.negotiator)) interest |= net::kWantRead;
+        if (!id->mpa.negotiator->PendingOutput().empty()) interest |= net::kWantWrite;
       }
       break;
     case IdState::kAwaitEstablish:
@@ -656,20 +642,20 @@ void Core::MoveToLinger(CmId* id, ByteSpan out) {
   id->registered = false;
   id->interest = 0;
   // Try at once; the loop finishes what does not go out now.
-  DriveLinger(handle, net::PollEvent{handle, true, true, false});
+  DriveLinger(handle, net::Poller::Event{handle, true, true, false});
   Wake();
 }
 
-void Core::DriveLinger(std::uint64_t handle, const net::PollEvent& ev) {
+void Core::DriveLinger(std::uint64_t handle, const net::Poller::Event& ev) {
   const auto it = lingers_.find(handle);
   if (it == lingers_.end()) return;
   Linger& l = it->second;
   bool done = false;
   if (!l.out.empty() && (ev.writable || ev.hangup)) {
     const net::IoResult r = net::SendSome(l.fd, l.out);
-    if (r.status == net::IoResult::Status::kOk) {
+    if (r.status == net::IoStatus::kOk) {
       l.out.erase(l.out.begin(), l.out.begin() + static_cast<std::ptrdiff_t>(r.bytes));
-    } else if (r.status == net::IoResult::Status::kError) {
+    } else if (r.status == net::IoStatus::kError) {
       done = true;
     }
   }
@@ -679,21 +665,21 @@ void Core::DriveLinger(std::uint64_t handle, const net::PollEvent& ev) {
   }
   if (!done && (ev.readable || ev.hangup)) {
     const net::IoResult r = net::DrainInput(l.fd);
-    done = r.status == net::IoResult::Status::kClosed || r.status == net::IoResult::Status::kError;
+    done = r.status == net::IoStatus::kClosed || r.status == net::IoStatus::kError;
   }
   if (done) {
-    if (l.registered && epfd_ >= 0) net::EpollUpdate(epfd_, l.fd, 0, handle, &l.registered);
+    if (l.registered && poller_ != nullptr) poller_->Update(l.fd, 0, handle, &l.registered);
     net::Close(l.fd);
     lingers_.erase(it);
     return;
   }
   const std::uint32_t interest = net::kWantRead | (l.out.empty() ? 0 : net::kWantWrite);
-  if (epfd_ >= 0) net::EpollUpdate(epfd_, l.fd, interest, handle, &l.registered);
+  if (poller_ != nullptr) poller_->Update(l.fd, interest, handle, &l.registered);
 }
 
 // ---- I/O dispatch ----
 
-void Core::HandleIo(std::uint64_t cookie, const net::PollEvent& ev) {
+void Core::HandleIo(std::uint64_t cookie, const net::Poller::Event& ev) {
   if (lingers_.count(cookie) != 0) {
     DriveLinger(cookie, ev);
     return;
@@ -781,10 +767,10 @@ void Core::MakeRoomForHalfOpen(const net::SockAddr& peer) {
 }
 
 void Core::BackOffAccepting(CmId* listener, int error) {
-  const bool first = listener->accept_backoff.count() == 0;
-  listener->accept_backoff =
-      first ? kAcceptBackoffMin : std::min(listener->accept_backoff * 2, kAcceptBackoffMax);
-  listener->accept_retry_at = Clock::now() + listener->accept_backoff;
+  const bool first = listener->listen.accept_backoff.count() == 0;
+  listener->listen.accept_backoff =
+      first ? kAcceptBackoffMin : std::min(listener->listen.accept_backoff * 2, kAcceptBackoffMax);
+  listener->listen.accept_retry_at = Clock::now() + listener->listen.accept_backoff;
   if (first) {
     SIWX_LOG(kWarn, "CEP[%llu] cannot accept connections: %s; retrying every %lld ms at most "
                     "while it lasts (raise the descriptor limit, ulimit -n)",
@@ -795,11 +781,11 @@ void Core::BackOffAccepting(CmId* listener, int error) {
 
 void Core::AcceptPending(CmId* listener) {
   const TimePoint now = Clock::now();
-  while (listener->pending < listener->backlog && !listener->accept_retry_at) {
+  while (listener->listen.pending < listener->listen.backlog && !listener->listen.accept_retry_at) {
     int fd = -1;
     const int rc = net::AcceptOne(listener->fd, &fd);
     if (rc == EAGAIN) {
-      listener->accept_backoff = std::chrono::milliseconds(0);  // any shortage is over
+      listener->listen.accept_backoff = std::chrono::milliseconds(0);  // any shortage is over
       break;
     }
     if (rc != 0) {
@@ -809,7 +795,7 @@ void Core::AcceptPending(CmId* listener) {
       BackOffAccepting(listener, rc);
       break;
     }
-    listener->accept_backoff = std::chrono::milliseconds(0);
+    listener->listen.accept_backoff = std::chrono::milliseconds(0);
     net::SetNoDelay(fd);
     CmId* child = NewId(nullptr, false, listener->pub.context, listener->pub.ps,
                         listener->pub.qp_type);
@@ -839,9 +825,9 @@ void Core::AcceptPending(CmId* listener) {
       std::memcpy(&child->pub.route.addr.dst_storage, &peer.storage, sizeof(peer.storage));
       MakeRoomForHalfOpen(peer);
     }
-    child->negotiator = std::make_unique<mpa::MpaNegotiator>(
+    child->mpa.negotiator = std::make_unique<mpa::MpaNegotiator>(
         MakeNegotiatorConfig(child->options, mpa::MpaRole::kResponder, 0, 0));
-    if (child->negotiator->Start(NowMpa(now)) != mpa::NegotiatorStatus::kOk) {
+    if (child->mpa.negotiator->Start(NowMpa(now)) != mpa::NegotiatorStatus::kOk) {
       SIWX_LOG(kWarn, "CEP[%llu] MPA responder configuration refused; dropping %s",
                static_cast<unsigned long long>(child->handle), peer.ToString().c_str());
       CloseSocket(child, true);
@@ -866,28 +852,28 @@ void Core::OnTimers(TimePoint now) {
   std::vector<std::uint64_t> due;
   for (auto& [handle, id] : by_handle_) {
     const bool connect_due = id->connect_deadline && *id->connect_deadline <= now;
-    const bool mpa_due = id->negotiator != nullptr && id->negotiator->Deadline() &&
-                         FromMpa(*id->negotiator->Deadline()) <= now;
-    const bool flush_due = id->flush_deadline && *id->flush_deadline <= now;
-    const bool accept_due = id->accept_retry_at && *id->accept_retry_at <= now;
+    const bool mpa_due = id->mpa.negotiator != nullptr && id->mpa.negotiator->Deadline() &&
+                         FromMpa(*id->mpa.negotiator->Deadline()) <= now;
+    const bool flush_due = id->mpa.flush_deadline && *id->mpa.flush_deadline <= now;
+    const bool accept_due = id->listen.accept_retry_at && *id->listen.accept_retry_at <= now;
     if (connect_due || mpa_due || flush_due || accept_due) due.push_back(handle);
   }
   for (std::uint64_t handle : due) {
     const auto it = by_handle_.find(handle);
     if (it == by_handle_.end()) continue;
     CmId* id = it->second;
-    if (id->accept_retry_at && *id->accept_retry_at <= now) {
-      id->accept_retry_at.reset();
+    if (id->listen.accept_retry_at && *id->listen.accept_retry_at <= now) {
+      id->listen.accept_retry_at.reset();
       if (id->state == IdState::kListening) AcceptPending(id);
-    } else if (id->flush_deadline && *id->flush_deadline <= now) {
-      id->flush_deadline.reset();
+    } else if (id->mpa.flush_deadline && *id->mpa.flush_deadline <= now) {
+      id->mpa.flush_deadline.reset();
       if (id->state == IdState::kFlushing) {
         FailFlushing(id, ETIMEDOUT, "the peer did not take the last startup frame in time");
       }
     } else if (id->connect_deadline) {
       FailConnect(id, ETIMEDOUT);
-    } else if (id->negotiator != nullptr) {
-      id->negotiator->OnTime(NowMpa(now));
+    } else if (id->mpa.negotiator != nullptr) {
+      id->mpa.negotiator->OnTime(NowMpa(now));
       ProcessNegotiatorEvents(id);
     }
   }
@@ -897,7 +883,7 @@ void Core::OnTimers(TimePoint now) {
   }
   for (std::uint64_t handle : expired) {
     Linger& l = lingers_[handle];
-    if (l.registered && epfd_ >= 0) net::EpollUpdate(epfd_, l.fd, 0, handle, &l.registered);
+    if (l.registered && poller_ != nullptr) poller_->Update(l.fd, 0, handle, &l.registered);
     net::Close(l.fd);
     lingers_.erase(handle);
   }
@@ -910,16 +896,16 @@ int Core::NextTimeoutMs(TimePoint now) {
   };
   for (auto& [handle, id] : by_handle_) {
     if (id->connect_deadline) consider(*id->connect_deadline);
-    if (id->flush_deadline) consider(*id->flush_deadline);
-    if (id->accept_retry_at) consider(*id->accept_retry_at);
-    if (id->negotiator != nullptr && id->negotiator->Deadline()) {
-      consider(FromMpa(*id->negotiator->Deadline()));
+    if (id->mpa.flush_deadline) consider(*id->mpa.flush_deadline);
+    if (id->listen.accept_retry_at) consider(*id->listen.accept_retry_at);
+    if (id->mpa.negotiator != nullptr && id->mpa.negotiator->Deadline()) {
+      consider(FromMpa(*id->mpa.negotiator->Deadline()));
     }
   }
   for (auto& [handle, l] : lingers_) consider(l.deadline);
   for (auto& [handle, id] : by_handle_) {
     // Polling by the application is not an event here: look again soon.
-    if (id->disconnect_held_until) consider(std::min(*id->disconnect_held_until, now + kDisconnectRecheck));
+    if (id->stream.held_until) consider(std::min(*id->stream.held_until, now + kDisconnectRecheck));
   }
   if (!next) return -1;
   if (*next <= now) return 0;

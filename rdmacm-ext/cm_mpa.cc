@@ -52,11 +52,11 @@ siwx_cm_failure FailureCode(mpa::StartupFailure f) {
 // ---- MPA startup ----
 
 int Core::FlushNegotiatorOutput(CmId* id) {
-  mpa::MpaNegotiator& n = *id->negotiator;
+  mpa::MpaNegotiator& n = *id->mpa.negotiator;
   while (!n.PendingOutput().empty()) {
     const net::IoResult r = net::SendSome(id->fd, n.PendingOutput());
-    if (r.status == net::IoResult::Status::kWouldBlock) return 0;
-    if (r.status != net::IoResult::Status::kOk) return r.error != 0 ? r.error : EPIPE;
+    if (r.status == net::IoStatus::kWouldBlock) return 0;
+    if (r.status != net::IoStatus::kOk) return r.error != 0 ? r.error : EPIPE;
     n.ConsumeOutput(r.bytes);
   }
   return 0;
@@ -66,12 +66,12 @@ void Core::Drive(CmId* id, bool hangup) {
   const std::uint64_t handle = id->handle;
   auto alive = [&] {
     const auto it = by_handle_.find(handle);
-    return it != by_handle_.end() && it->second == id && id->negotiator != nullptr &&
+    return it != by_handle_.end() && it->second == id && id->mpa.negotiator != nullptr &&
            id->fd >= 0;
   };
   if (!alive()) return;
   const mpa::MpaTime now = NowMpa(Clock::now());
-  mpa::MpaNegotiator& n = *id->negotiator;
+  mpa::MpaNegotiator& n = *id->mpa.negotiator;
 
   bool lost = FlushNegotiatorOutput(id) != 0;
   // Read startup frames only while one is expected; never past its end
@@ -79,15 +79,15 @@ void Core::Drive(CmId* id, bool hangup) {
   while (!lost && ExpectsFrames(n)) {
     std::array<std::uint8_t, kMaxStartupFrame> buf;
     const net::IoResult r = net::Peek(id->fd, buf);
-    if (r.status == net::IoResult::Status::kWouldBlock) break;
-    if (r.status != net::IoResult::Status::kOk) {
+    if (r.status == net::IoStatus::kWouldBlock) break;
+    if (r.status != net::IoStatus::kOk) {
       lost = true;
       break;
     }
     const std::size_t consumed = n.Feed(now, ByteSpan(buf.data(), r.bytes));
     if (consumed > 0) {
       const net::IoResult d = net::Discard(id->fd, consumed);
-      if (d.status != net::IoResult::Status::kOk) lost = true;
+      if (d.status != net::IoStatus::kOk) lost = true;
     }
     ProcessNegotiatorEvents(id);
     if (!alive()) return;
@@ -106,7 +106,7 @@ void Core::Drive(CmId* id, bool hangup) {
       FailFlushing(id, ECONNRESET, "connection lost while sending the last startup frame");
       return;
     }
-    if (id->negotiator->PendingOutput().empty()) {
+    if (id->mpa.negotiator->PendingOutput().empty()) {
       FinishHandover(id);
       return;
     }
@@ -126,9 +126,9 @@ void Core::FailFlushing(CmId* id, int error, const char* why) {
   id->failure_code =
       error == ETIMEDOUT ? SIWX_CM_FAILURE_TIMEOUT : SIWX_CM_FAILURE_CONNECTION_CLOSED;
   SIWX_LOG(kInfo, "CEP[%llu] %s", static_cast<unsigned long long>(id->handle), why);
-  id->flush_deadline.reset();
+  id->mpa.flush_deadline.reset();
   id->state = IdState::kFailed;
-  id->negotiator.reset();
+  id->mpa.negotiator.reset();
   CloseSocket(id, true);
   Post(id, error == ETIMEDOUT ? RDMA_CM_EVENT_UNREACHABLE : RDMA_CM_EVENT_CONNECT_ERROR, -error);
 }
@@ -137,8 +137,8 @@ void Core::ProcessNegotiatorEvents(CmId* id) {
   const std::uint64_t handle = id->handle;
   while (true) {
     const auto it = by_handle_.find(handle);
-    if (it == by_handle_.end() || it->second != id || id->negotiator == nullptr) return;
-    std::optional<mpa::NegotiatorEvent> ev = id->negotiator->NextEvent();
+    if (it == by_handle_.end() || it->second != id || id->mpa.negotiator == nullptr) return;
+    std::optional<mpa::NegotiatorEvent> ev = id->mpa.negotiator->NextEvent();
     if (!ev) return;
     switch (ev->type) {
       case mpa::NegotiatorEventType::kRequestReceived: OnRequestReceived(id); break;
@@ -156,7 +156,7 @@ void Core::OnRequestReceived(CmId* id) {
     DestroyLocked(id);
     return;
   }
-  const mpa::StartupOffer& offer = id->negotiator->offer();
+  const mpa::StartupOffer& offer = id->mpa.negotiator->offer();
   const DeviceLimits limits = DeviceRegistry::Get().LimitsOf(id->pub.verbs);
   // What the application can pass straight to rdma_accept: our IRD need not
   // exceed the peer's ORD, our ORD must not exceed its IRD (RFC 6581 9.1).
@@ -166,15 +166,19 @@ void Core::OnRequestReceived(CmId* id) {
   // device limits, as Linux iWARP drivers report them for such peers; the
   // ULP's own agreement goes in rdma_accept's conn_param.
   if (offer.ird_ord) {
-    if (offer.ird_ord->ord != mpa::kIrdOrdNotNegotiated) ird = std::min(ird, std::uint32_t{offer.ird_ord->ord});
-    if (offer.ird_ord->ird != mpa::kIrdOrdNotNegotiated) ord = std::min(ord, std::uint32_t{offer.ird_ord->ird});
+    if (offer.ird_ord->ord != mpa::kIrdOrdNotNegotiated) {
+      ird = std::min(ird, std::uint32_t{offer.ird_ord->ord});
+    }
+    if (offer.ird_ord->ird != mpa::kIrdOrdNotNegotiated) {
+      ord = std::min(ord, std::uint32_t{offer.ird_ord->ird});
+    }
   }
-  id->request_ird = ClampU8(ird);
-  id->request_ord = ClampU8(ord);
+  id->mpa.request_ird = ClampU8(ird);
+  id->mpa.request_ord = ClampU8(ord);
   // From here the connection waits for the application: it takes a
   // backlog slot until rdma_accept or rdma_reject.
   id->backlog_slot = true;
-  ++listener->pending;
+  ++listener->listen.pending;
   UpdateInterest(listener);
   if (listener->sync) {
     int err = 0;
@@ -190,15 +194,15 @@ void Core::OnRequestReceived(CmId* id) {
            std::string(mpa::MpaDialectName(offer.dialect)).c_str(), offer.private_data.size());
   if (Post(id, RDMA_CM_EVENT_CONNECT_REQUEST, 0, offer.private_data, ird, ord) == nullptr) {
     // Nobody can see the request: refuse it.
-    (void)id->negotiator->Reject({});
-    MoveToLinger(id, id->negotiator->PendingOutput());
+    (void)id->mpa.negotiator->Reject({});
+    MoveToLinger(id, id->mpa.negotiator->PendingOutput());
     DestroyLocked(id);
   }
 }
 
 void Core::LogEstablished(const CmId* id) {
   if (!log::Enabled(log::Level::kInfo)) return;
-  const mpa::NegotiatedParams& p = id->negotiated;
+  const mpa::NegotiatedParams& p = id->mpa.negotiated;
   std::string rtr = "no RTR";
   if (p.peer_to_peer) {
     rtr = id->role == mpa::MpaRole::kInitiator
@@ -214,49 +218,51 @@ void Core::LogEstablished(const CmId* id) {
            "CEP[%llu] %s with %s: %s, Rev %u, CRC %s, markers tx %s rx %s, large FPDUs %s, "
            "IRD %u ORD %u%s, %s",
            static_cast<unsigned long long>(id->handle),
-           id->role == mpa::MpaRole::kInitiator ? "connected as Initiator" : "accepted as Responder",
+           id->role == mpa::MpaRole::kInitiator ? "connected as Initiator"
+                                                : "accepted as Responder",
            peer.ToString().c_str(), std::string(mpa::MpaDialectName(p.dialect)).c_str(),
            static_cast<unsigned>(p.revision), std::string(OnOff(p.crc)).c_str(),
            std::string(OnOff(p.markers_tx)).c_str(), std::string(OnOff(p.markers_rx)).c_str(),
-           std::string(OnOff(p.large_fpdus)).c_str(), static_cast<unsigned>(p.ird), static_cast<unsigned>(p.ord),
+           std::string(OnOff(p.large_fpdus)).c_str(), static_cast<unsigned>(p.ird),
+           static_cast<unsigned>(p.ord),
            p.ird_ord_exchanged ? " (exchanged)" : "", rtr.c_str());
 }
 
 void Core::OnMpaEstablished(CmId* id) {
-  id->mpa_done = true;
-  id->negotiated = id->negotiator->params();
+  id->mpa.done = true;
+  id->mpa.negotiated = id->mpa.negotiator->params();
   LogEstablished(id);
   id->state = IdState::kFlushing;
-  id->flush_deadline = Clock::now() + id->options.mpa_timeout;
+  id->mpa.flush_deadline = Clock::now() + id->options.mpa_timeout;
   // Drive() writes what is left (the Reply, or the Rtr frame) and then
   // calls FinishHandover().
 }
 
 void Core::OnMpaRejected(CmId* id, const mpa::NegotiatorEvent& ev) {
-  id->negotiated = id->negotiator->params();
+  id->mpa.negotiated = id->mpa.negotiator->params();
   id->failure = ev.reason;
   id->failure_code = ev.by_peer ? SIWX_CM_FAILURE_REJECTED : FailureCode(ev.failure);
   if (ev.by_peer) {
     // RFC 5044 7.1.2 rule 3: MPA is over; the ULP closes the connection.
     SIWX_LOG(kInfo, "CEP[%llu] rejected by the peer (%zu octets of private data)",
              static_cast<unsigned long long>(id->handle),
-             id->negotiated.peer_private_data.size());
+             id->mpa.negotiated.peer_private_data.size());
     CloseSocket(id, false);
-    id->negotiator.reset();
+    id->mpa.negotiator.reset();
     id->state = IdState::kRejected;
-    Post(id, RDMA_CM_EVENT_REJECTED, -ECONNREFUSED, id->negotiated.peer_private_data);
+    Post(id, RDMA_CM_EVENT_REJECTED, -ECONNREFUSED, id->mpa.negotiated.peer_private_data);
     return;
   }
   // Our own policy refused the Request (CRC or markers) before the
   // application saw it: send the Reject, then let the connection go.
   SIWX_LOG(kInfo, "CEP[%llu] refused an MPA Request: %s",
            static_cast<unsigned long long>(id->handle), ev.reason.c_str());
-  MoveToLinger(id, id->negotiator->PendingOutput());
+  MoveToLinger(id, id->mpa.negotiator->PendingOutput());
   if (id->hidden) {
     DestroyLocked(id);
     return;
   }
-  id->negotiator.reset();
+  id->mpa.negotiator.reset();
   id->state = IdState::kRejected;
 }
 
@@ -270,7 +276,7 @@ void Core::SendTerminate(CmId* id, mpa::MpaError error) {
   // The Terminate is the first message on queue 2: MSN 1 (RFC 5040 5.3).
   const rdmap::EncodeResult enc = rdmap::EncodeTerminateMessage(header, 1, ulpdu);
   if (enc.status != rdmap::EncodeStatus::kOk) return;
-  const mpa::NegotiatedParams& p = id->negotiator->params();
+  const mpa::NegotiatedParams& p = id->mpa.negotiator->params();
   mpa::FpduFramer framer(mpa::FpduFramingConfig{p.crc, p.markers_tx, 0});
   auto frame = std::make_unique<mpa::FpduFrame>();
   if (framer.Frame(ByteSpan(ulpdu.data(), enc.length), {}, *frame) != mpa::FrameStatus::kOk) return;
@@ -281,8 +287,8 @@ void Core::SendTerminate(CmId* id, mpa::MpaError error) {
 }
 
 void Core::OnMpaFailed(CmId* id, const mpa::NegotiatorEvent& ev) {
-  id->negotiated = id->negotiator->params();
-  id->mpa_error = ev.error;
+  id->mpa.negotiated = id->mpa.negotiator->params();
+  id->mpa.error = ev.error;
   id->failure = ev.reason;
   id->failure_code = FailureCode(ev.failure);
   if (ev.send_terminate) SendTerminate(id, ev.error);
@@ -292,7 +298,7 @@ void Core::OnMpaFailed(CmId* id, const mpa::NegotiatorEvent& ev) {
            static_cast<unsigned long long>(id->handle),
            std::string(mpa::StartupFailureName(ev.failure)).c_str(), ev.reason.c_str());
   CloseSocket(id, true);
-  id->negotiator.reset();
+  id->mpa.negotiator.reset();
   id->state = IdState::kFailed;
   if (id->role == mpa::MpaRole::kResponder) {
     if (hidden) {

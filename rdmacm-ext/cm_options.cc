@@ -72,9 +72,10 @@ int Core::ConnectionInfo(rdma_cm_id* pub, siwx_cm_conn_info* out) {
   if (!id->started) return ENOTCONN;
   siwx_cm_conn_info info{};
   info.size = sizeof(info);
-  info.role = id->role == mpa::MpaRole::kInitiator ? SIWX_CM_ROLE_INITIATOR : SIWX_CM_ROLE_RESPONDER;
-  const mpa::NegotiatedParams& p = id->negotiated;
-  if (id->mpa_done) {
+  info.role =
+      id->role == mpa::MpaRole::kInitiator ? SIWX_CM_ROLE_INITIATOR : SIWX_CM_ROLE_RESPONDER;
+  const mpa::NegotiatedParams& p = id->mpa.negotiated;
+  if (id->mpa.done) {
     info.dialect = static_cast<std::uint32_t>(DialectNumber(p.dialect));
     info.mpa_revision = p.revision;
     info.crc = p.crc ? 1 : 0;
@@ -94,15 +95,15 @@ int Core::ConnectionInfo(rdma_cm_id* pub, siwx_cm_conn_info* out) {
   // The peer's word and private data are known from a Request or from any
   // Reply, accepting or rejecting (RFC 6581 9.1).
   const mpa::NegotiatedParams& seen =
-      (!id->mpa_done && id->negotiator != nullptr) ? id->negotiator->params() : p;
+      (!id->mpa.done && id->mpa.negotiator != nullptr) ? id->mpa.negotiator->params() : p;
   if (seen.peer_ird_ord) {
     info.peer_ird_ord_valid = 1;
     info.peer_ird = seen.peer_ird_ord->ird;
     info.peer_ord = seen.peer_ird_ord->ord;
   }
   info.peer_private_data_len = static_cast<std::uint32_t>(seen.peer_private_data.size());
-  info.stream_bound = id->stream_bound ? 1 : 0;
-  info.mpa_error = static_cast<std::uint32_t>(id->mpa_error);
+  info.stream_bound = id->stream.bound ? 1 : 0;
+  info.mpa_error = static_cast<std::uint32_t>(id->mpa.error);
   info.status = id->last_status;
   info.failure_code = static_cast<std::uint32_t>(id->failure_code);
   std::snprintf(info.failure, sizeof(info.failure), "%s", id->failure.c_str());
@@ -116,7 +117,8 @@ int Core::PeerPrivateData(rdma_cm_id* pub, void* buf, std::size_t len, std::size
   if (id == nullptr || (buf == nullptr && len != 0)) return EINVAL;
   if (!id->started) return ENOTCONN;
   const mpa::NegotiatedParams& seen =
-      (!id->mpa_done && id->negotiator != nullptr) ? id->negotiator->params() : id->negotiated;
+      (!id->mpa.done && id->mpa.negotiator != nullptr) ? id->mpa.negotiator->params()
+                                                       : id->mpa.negotiated;
   const std::vector<std::uint8_t>& pd = seen.peer_private_data;
   if (!pd.empty() && len != 0) std::memcpy(buf, pd.data(), std::min(len, pd.size()));
   *full = pd.size();

@@ -72,7 +72,8 @@ int Core::CreateQpEx(rdma_cm_id* pub, ibv_qp_init_attr_ex* attr) {
   auto make_cq = [&](ibv_comp_channel*& channel, ibv_cq*& cq, std::uint32_t depth) {
     channel = ibv_create_comp_channel(verbs);
     if (channel != nullptr) {
-      cq = ibv_create_cq(verbs, static_cast<int>(std::max<std::uint32_t>(depth, 1)), pub, channel, 0);
+      const int entries = static_cast<int>(std::max<std::uint32_t>(depth, 1));
+      cq = ibv_create_cq(verbs, entries, pub, channel, 0);
     }
     return cq != nullptr;
   };

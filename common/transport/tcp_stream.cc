@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 #include "common/transport/tcp_stream.h"
 
+#include "common/transport/socket_ops.h"
+
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -78,27 +80,46 @@ void TcpStream::Abort() {
   fd_ = -1;
 }
 
-Poller::Poller() : epfd_(epoll_create1(EPOLL_CLOEXEC)) {}
+Poller::Poller() : epfd_(epoll_create1(EPOLL_CLOEXEC)) {
+  if (epfd_ < 0) error_ = errno != 0 ? errno : EMFILE;
+}
+
 Poller::~Poller() {
   if (epfd_ >= 0) close(epfd_);
 }
 
-int Poller::Add(int fd, void* cookie, bool want_read, bool want_write) {
+int Poller::Control(int op, int fd, std::uint32_t epoll_events, std::uint64_t cookie) {
   epoll_event ev{};
-  ev.events = EpollMask(want_read, want_write);
-  ev.data.ptr = cookie;
-  return epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev) == 0 ? 0 : errno;
+  ev.events = epoll_events;
+  ev.data.u64 = cookie;
+  return epoll_ctl(epfd_, op, fd, op == EPOLL_CTL_DEL ? nullptr : &ev) == 0 ? 0 : errno;
+}
+
+int Poller::Add(int fd, void* cookie, bool want_read, bool want_write) {
+  return Control(EPOLL_CTL_ADD, fd, EpollMask(want_read, want_write),
+                 reinterpret_cast<std::uintptr_t>(cookie));
 }
 
 int Poller::Modify(int fd, void* cookie, bool want_read, bool want_write) {
-  epoll_event ev{};
-  ev.events = EpollMask(want_read, want_write);
-  ev.data.ptr = cookie;
-  return epoll_ctl(epfd_, EPOLL_CTL_MOD, fd, &ev) == 0 ? 0 : errno;
+  return Control(EPOLL_CTL_MOD, fd, EpollMask(want_read, want_write),
+                 reinterpret_cast<std::uintptr_t>(cookie));
 }
 
-int Poller::Remove(int fd) {
-  return epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr) == 0 ? 0 : errno;
+int Poller::Remove(int fd) { return Control(EPOLL_CTL_DEL, fd, 0, 0); }
+
+int Poller::Update(int fd, std::uint32_t interest, std::uint64_t cookie, bool* registered) {
+  if (interest == 0) {
+    if (!*registered) return 0;
+    *registered = false;
+    return Remove(fd);
+  }
+  std::uint32_t mask = 0;
+  if ((interest & kWantRead) != 0) mask |= EPOLLIN;
+  if ((interest & kWantWrite) != 0) mask |= EPOLLOUT;
+  if ((interest & kWantHangup) != 0) mask |= EPOLLRDHUP;
+  const int rc = Control(*registered ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, fd, mask, cookie);
+  if (rc == 0) *registered = true;
+  return rc;
 }
 
 int Poller::Wait(std::span<Event> events, int timeout_ms) {
@@ -108,7 +129,7 @@ int Poller::Wait(std::span<Event> events, int timeout_ms) {
   const int n = epoll_wait(epfd_, raw, want, timeout_ms);
   if (n <= 0) return 0;
   for (int i = 0; i < n; ++i) {
-    events[i].cookie = raw[i].data.ptr;
+    events[i].cookie = raw[i].data.u64;
     events[i].readable = (raw[i].events & EPOLLIN) != 0;
     events[i].writable = (raw[i].events & EPOLLOUT) != 0;
     events[i].hangup = (raw[i].events & (EPOLLHUP | EPOLLERR | EPOLLRDHUP)) != 0;
@@ -116,20 +137,15 @@ int Poller::Wait(std::span<Event> events, int timeout_ms) {
   return n;
 }
 
-Doorbell::Doorbell() : fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
-Doorbell::~Doorbell() {
-  if (fd_ >= 0) close(fd_);
-}
+Doorbell::Doorbell() { error_ = CreateEventFd(/*nonblocking=*/true, &fd_); }
+
+Doorbell::~Doorbell() { Close(fd_); }
 
 void Doorbell::Ring() {
-  const std::uint64_t one = 1;
   // A full counter (EAGAIN) already means "rung".
-  [[maybe_unused]] ssize_t n = write(fd_, &one, sizeof(one));
+  SignalEventFd(fd_);
 }
 
-void Doorbell::Drain() {
-  std::uint64_t value;
-  [[maybe_unused]] ssize_t n = read(fd_, &value, sizeof(value));
-}
+void Doorbell::Drain() { DrainEventFd(fd_); }
 
 }  // namespace siwx::transport

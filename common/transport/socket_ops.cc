@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
-#include "rdmacm-ext/cm_socket.h"
+#include "common/transport/socket_ops.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -7,7 +7,6 @@
 #include <net/if.h>
 #include <poll.h>
 #include <netinet/tcp.h>
-#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -17,7 +16,7 @@
 #include <cerrno>
 #include <cstring>
 
-namespace siwx::cm::net {
+namespace siwx::transport {
 namespace {
 
 int Errno() { return errno != 0 ? errno : EIO; }
@@ -33,15 +32,15 @@ IoResult FromCount(ssize_t n, bool read_side) {
     return r;
   }
   if (n == 0 && read_side) {
-    r.status = IoResult::Status::kClosed;
+    r.status = IoStatus::kClosed;
     return r;
   }
   if (n == 0) return r;
   if (errno == EAGAIN || errno == EWOULDBLOCK) {
-    r.status = IoResult::Status::kWouldBlock;
+    r.status = IoStatus::kWouldBlock;
     return r;
   }
-  r.status = IoResult::Status::kError;
+  r.status = IoStatus::kError;
   r.error = Errno();
   return r;
 }
@@ -249,7 +248,7 @@ IoResult Discard(int fd, std::size_t n) {
       got = recv(fd, scratch.data(), want, MSG_DONTWAIT);
     } while (got < 0 && errno == EINTR);
     const IoResult r = FromCount(got, true);
-    if (r.status != IoResult::Status::kOk) {
+    if (r.status != IoStatus::kOk) {
       total.status = r.status;
       total.error = r.error;
       return total;
@@ -268,7 +267,7 @@ IoResult DrainInput(int fd) {
       got = recv(fd, scratch.data(), scratch.size(), MSG_DONTWAIT);
     } while (got < 0 && errno == EINTR);
     const IoResult r = FromCount(got, true);
-    if (r.status != IoResult::Status::kOk) {
+    if (r.status != IoStatus::kOk) {
       total.status = r.status;
       total.error = r.error;
       return total;
@@ -351,44 +350,6 @@ std::optional<std::string> InterfaceForAddress(const SockAddr& raw) {
   return std::nullopt;
 }
 
-int CreateEpoll(int* fd_out) {
-  const int fd = epoll_create1(EPOLL_CLOEXEC);
-  if (fd < 0) return Errno();
-  *fd_out = fd;
-  return 0;
-}
-
-int EpollUpdate(int epfd, int fd, std::uint32_t interest, std::uint64_t cookie, bool* registered) {
-  if (interest == 0) {
-    if (!*registered) return 0;
-    *registered = false;
-    return epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr) == 0 ? 0 : Errno();
-  }
-  epoll_event ev{};
-  if ((interest & kWantRead) != 0) ev.events |= EPOLLIN;
-  if ((interest & kWantWrite) != 0) ev.events |= EPOLLOUT;
-  if ((interest & kWantHangup) != 0) ev.events |= EPOLLRDHUP;
-  ev.data.u64 = cookie;
-  const int op = *registered ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
-  if (epoll_ctl(epfd, op, fd, &ev) != 0) return Errno();
-  *registered = true;
-  return 0;
-}
-
-int EpollWait(int epfd, PollEvent* events, int max, int timeout_ms) {
-  constexpr int kBatch = 64;
-  epoll_event raw[kBatch];
-  const int n = epoll_wait(epfd, raw, std::min(max, kBatch), timeout_ms);
-  if (n <= 0) return 0;
-  for (int i = 0; i < n; ++i) {
-    events[i].cookie = raw[i].data.u64;
-    events[i].readable = (raw[i].events & EPOLLIN) != 0;
-    events[i].writable = (raw[i].events & EPOLLOUT) != 0;
-    events[i].hangup = (raw[i].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0;
-  }
-  return n;
-}
-
 int CreateEventFd(bool nonblocking, int* fd_out) {
   const int fd = eventfd(0, EFD_CLOEXEC | (nonblocking ? EFD_NONBLOCK : 0));
   if (fd < 0) return Errno();
@@ -433,4 +394,4 @@ void DrainEventFd(int fd) {
   } while (n < 0 && errno == EINTR);
 }
 
-}  // namespace siwx::cm::net
+}  // namespace siwx::transport
