@@ -634,24 +634,13 @@ void ListenLoop(Device* device, int listen_fd) {
 }  // namespace
 
 GidBytes EncodeGid(const Endpoint& endpoint) {
-  GidBytes gid{};
-  std::memcpy(gid.data() + 8, &endpoint.port, 2);
-  gid[10] = 0xFF;
-  gid[11] = 0xFF;
-  std::memcpy(gid.data() + 12, &endpoint.address, 4);
-  return gid;
+  return OobGid({endpoint.address, endpoint.port});
 }
 
 std::optional<Endpoint> DecodeGid(const GidBytes& gid) {
-  for (int i = 0; i < 8; ++i) {
-    if (gid[i] != 0) return std::nullopt;
-  }
-  if (gid[10] != 0xFF || gid[11] != 0xFF) return std::nullopt;
-  Endpoint e;
-  std::memcpy(&e.port, gid.data() + 8, 2);
-  std::memcpy(&e.address, gid.data() + 12, 4);
-  if (e.port == 0 || e.address == 0) return std::nullopt;
-  return e;
+  OobEndpoint e;
+  if (!OobEndpointOf(gid, &e)) return std::nullopt;
+  return Endpoint{e.address, e.port};
 }
 
 std::optional<GidBytes> LocalGid(Device* device) {
