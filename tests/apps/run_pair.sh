@@ -258,7 +258,8 @@ asyncwatch)
 	# start, name the device's event descriptor and wait without crashing.
 	timeout -k 5 3 "$run" -- ibv_asyncwatch -d siwx_lo >"$client_log" 2>&1
 	status=$?
-	[ "$status" -eq 124 ] || fail "ibv_asyncwatch exited with $status, expected 124 (killed while waiting)"
+	[ "$status" -eq 124 ] ||
+		fail "ibv_asyncwatch exited with $status, expected 124 (killed while waiting)"
 	grep -q '^siwx_lo: async event FD [0-9]' "$client_log" || fail "no 'async event FD' line"
 	cat "$client_log"
 	;;
@@ -287,7 +288,8 @@ fi_pingpong)
 	cat "$client_log"
 	;;
 *)
-	echo "usage: $0 <siwx-run> rping|perftest|perftest-oob|pingpong|refused|asyncwatch|fi_pingpong args..." >&2
+	echo "usage: $0 <siwx-run> rping|perftest|perftest-oob|pingpong|refused|asyncwatch|fi_pingpong" \
+		"args..." >&2
 	exit 2
 	;;
 esac
