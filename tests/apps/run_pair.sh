@@ -11,6 +11,7 @@
 #   fi_pingpong <msg|rdm>
 #   perftest-oob <tool> [perftest flags...]   (without -R: QPs connected out of band)
 #   pingpong <ibv_rc_pingpong|ibv_srq_pingpong> [flags...]
+#   pingpong-no-gid
 #   refused <program> <expected output line> [<expected siwx log line>]
 #   asyncwatch
 # Exit status: 0 pass, 1 fail, 77 skipped (e.g. no non-loopback address).
@@ -235,6 +236,26 @@ pingpong)
 	done
 	echo "$tool $*:"
 	cat "$client_log"
+	;;
+pingpong-no-gid)
+	# Without -g, ibv_rc_pingpong exchanges no GID: the server's RTR has no
+	# GRH and fails at once, saying what to pass; the client sees the
+	# server close the exchange socket. Both exit 1, neither hangs.
+	timeout -k 5 30 "$run" -- ibv_rc_pingpong -d siwx_lo -p "$port" >"$server_log" 2>&1 &
+	server_pid=$!
+	wait_listening "$port" || fail "server never listened on port $port"
+	timeout -k 5 30 "$run" -- ibv_rc_pingpong -d siwx_lo -p "$port" 127.0.0.1 >"$client_log" 2>&1
+	client_status=$?
+	wait "$server_pid"
+	server_status=$?
+	server_pid=""
+	[ "$server_status" -eq 1 ] || fail "server exited with $server_status, expected 1"
+	[ "$client_status" -eq 1 ] || fail "client exited with $client_status, expected 1"
+	grep -qF 'Failed to modify QP to RTR' "$server_log" || fail "server: no RTR failure"
+	grep -qF 'pass the GID index (ibv_rc_pingpong -g 0' "$server_log" ||
+		fail "server: no siwx line saying to pass -g 0"
+	echo "ibv_rc_pingpong without -g: refused at RTR:"
+	cat "$server_log"
 	;;
 refused)
 	# A program that iWARP cannot serve (UD, UC, XRC) must stop at once with
