@@ -10,7 +10,7 @@
 #   perftest <tool> [perftest flags...]
 #   fi_pingpong <msg|rdm>
 #   perftest-oob <tool> [perftest flags...]   (without -R: QPs connected out of band)
-#   pingpong <ibv_rc_pingpong|ibv_srq_pingpong> [flags...]
+#   pingpong [fixed-port] <ibv_rc_pingpong|ibv_srq_pingpong> [flags...]
 #   pingpong-no-gid
 #   refused <program> <expected output line> [<expected siwx log line>]
 #   asyncwatch
@@ -223,7 +223,14 @@ perftest-oob)
 pingpong)
 	# ibv_rc_pingpong / ibv_srq_pingpong: -g 0 puts the GID (which names
 	# this process's siwx listener) into the exchange; -c checks every
-	# received buffer.
+	# received buffer. "fixed-port" first: the server's listener on a port
+	# given by SIWX_OOB_PORT, which its GID must carry.
+	fixed_port=""
+	if [ "$1" = fixed-port ]; then
+		shift
+		fixed_port=$(pick_port)
+		SERVER_ENV=(SIWX_OOB_PORT="$fixed_port")
+	fi
 	tool=$1
 	shift
 	iterations=200
@@ -234,6 +241,11 @@ pingpong)
 		grep -q ' bytes in .* seconds = ' "$log" || fail "no throughput line"
 		! grep -qi 'fail\|error\|mismatch' "$log" || fail "errors reported"
 	done
+	if [ -n "$fixed_port" ]; then
+		gid_port=$(printf '%x' "$fixed_port")
+		grep -q "local address: .* GID ::$gid_port:ffff:7f00:1\$" "$server_log" ||
+			fail "server GID does not carry SIWX_OOB_PORT=$fixed_port ($gid_port)"
+	fi
 	echo "$tool $*:"
 	cat "$client_log"
 	;;
