@@ -320,10 +320,14 @@ int RunMpa(int fd, mpa::MpaNegotiator& n, std::vector<std::uint8_t> private_data
           std::vector<std::uint8_t> reply;
           if (decide && decide(n.offer(), &reply)) {
             n.Accept(Now(), reply, kReadDepth, kReadDepth);
-          } else {
-            n.Reject(reply);
+            break;
           }
-          break;
+          // The Reply with R = 1 is the last frame (RFC 5044 7.1.2 rule 3).
+          n.Reject(reply);
+          const ByteSpan last = n.PendingOutput();
+          if (!last.empty()) transport::WriteAll(fd, last, 1000);
+          *why = "refused here";
+          return ECONNREFUSED;
         }
         case mpa::NegotiatorEventType::kEstablished: {
           const ByteSpan last = n.PendingOutput();

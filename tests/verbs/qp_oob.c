@@ -9,7 +9,8 @@
  *
  * Then the failures, in one process: a peer GID whose port refuses
  * connections (this end connects: ERR, IBV_EVENT_QP_FATAL, posted WRs
- * flushed), and a peer that never connects (this end waits: the same after
+ * flushed), a listener with no such QP (it refuses the MPA Request), and a
+ * peer that never connects (this end waits: the same after
  * SIWX_OOB_TIMEOUT_MS, which CTest sets to 3000). */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -278,6 +279,11 @@ static void failures(void)
 	refusing.gid.raw[9] = (uint8_t)port;
 	expect_failure(&refusing);
 	close(holder);
+
+	/* Our own listener, for a QP number no QP has: this end connects (its
+	 * QPN is smaller), the listener refuses (MPA Reply with R = 1). */
+	struct dest absent = {.qpn = 0xffffff, .psn = 1, .gid = mine};
+	expect_failure(&absent);
 
 	/* Port 1 is below ours: this end waits, and no one ever connects. */
 	struct dest silent = {.qpn = 1, .psn = 1, .gid = mine};
