@@ -637,14 +637,12 @@ void ListenLoop(Device* device, int listen_fd) {
 
 }  // namespace
 
-GidBytes EncodeGid(const Endpoint& endpoint) {
-  return OobGid({endpoint.address, endpoint.port});
-}
+GidBytes EncodeGid(const Endpoint& endpoint) { return OobGid(endpoint); }
 
 std::optional<Endpoint> DecodeGid(const GidBytes& gid) {
-  OobEndpoint e;
+  Endpoint e;
   if (!OobEndpointOf(gid, &e)) return std::nullopt;
-  return Endpoint{e.address, e.port};
+  return e;
 }
 
 std::optional<GidBytes> LocalGid(Device* device) {
