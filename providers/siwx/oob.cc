@@ -320,10 +320,14 @@ int RunMpa(int fd, mpa::MpaNegotiator& n, std::vector<std::uint8_t> private_data
           std::vector<std::uint8_t> reply;
           if (decide && decide(n.offer(), &reply)) {
             n.Accept(Now(), reply, kReadDepth, kReadDepth);
-          } else {
-            n.Reject(reply);
+            break;
           }
-          break;
+          // The Reply with R = 1 is the last frame (RFC 5044 7.1.2 rule 3).
+          n.Reject(reply);
+          const ByteSpan last = n.PendingOutput();
+          if (!last.empty()) transport::WriteAll(fd, last, 1000);
+          *why = "refused here";
+          return ECONNREFUSED;
         }
         case mpa::NegotiatorEventType::kEstablished: {
           const ByteSpan last = n.PendingOutput();
@@ -633,24 +637,11 @@ void ListenLoop(Device* device, int listen_fd) {
 
 }  // namespace
 
-GidBytes EncodeGid(const Endpoint& endpoint) {
-  GidBytes gid{};
-  std::memcpy(gid.data() + 8, &endpoint.port, 2);
-  gid[10] = 0xFF;
-  gid[11] = 0xFF;
-  std::memcpy(gid.data() + 12, &endpoint.address, 4);
-  return gid;
-}
+GidBytes EncodeGid(const Endpoint& endpoint) { return OobGid(endpoint); }
 
 std::optional<Endpoint> DecodeGid(const GidBytes& gid) {
-  for (int i = 0; i < 8; ++i) {
-    if (gid[i] != 0) return std::nullopt;
-  }
-  if (gid[10] != 0xFF || gid[11] != 0xFF) return std::nullopt;
   Endpoint e;
-  std::memcpy(&e.port, gid.data() + 8, 2);
-  std::memcpy(&e.address, gid.data() + 12, 4);
-  if (e.port == 0 || e.address == 0) return std::nullopt;
+  if (!OobEndpointOf(gid, &e)) return std::nullopt;
   return e;
 }
 

@@ -32,11 +32,8 @@
 
 namespace siwx::provider::oob {
 
-// A TCP endpoint, both fields in network order.
-struct Endpoint {
-  std::uint32_t address = 0;
-  std::uint16_t port = 0;
-};
+// A TCP endpoint, both fields in network order (identity.h).
+using Endpoint = OobEndpoint;
 
 GidBytes EncodeGid(const Endpoint& endpoint);
 // The endpoint a siwx GID names; nullopt for any other GID.

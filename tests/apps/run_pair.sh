@@ -12,7 +12,8 @@
 #   rdma_server | rdma_xserver | ucmatose | cmtime   (rdmacm-utils pairs)
 #   refused <status> <line|-> <program> [args...]    (one rdma_cm program iWARP cannot serve)
 #   perftest-oob <tool> [perftest flags...]   (without -R: QPs connected out of band)
-#   pingpong <ibv_rc_pingpong|ibv_srq_pingpong> [flags...]
+#   pingpong [fixed-port] <ibv_rc_pingpong|ibv_srq_pingpong> [flags...]
+#   pingpong-no-gid
 #   verbs-refused <program> <expected output line> [<expected siwx log line>]
 #   asyncwatch
 # Exit status: 0 pass, 1 fail, 77 skipped (e.g. no non-loopback address).
@@ -234,7 +235,14 @@ perftest-oob)
 pingpong)
 	# ibv_rc_pingpong / ibv_srq_pingpong: -g 0 puts the GID (which names
 	# this process's siwx listener) into the exchange; -c checks every
-	# received buffer.
+	# received buffer. "fixed-port" first: the server's listener on a port
+	# given by SIWX_OOB_PORT, which its GID must carry.
+	fixed_port=""
+	if [ "$1" = fixed-port ]; then
+		shift
+		fixed_port=$(pick_port)
+		SERVER_ENV=(SIWX_OOB_PORT="$fixed_port")
+	fi
 	tool=$1
 	shift
 	iterations=200
@@ -245,8 +253,33 @@ pingpong)
 		grep -q ' bytes in .* seconds = ' "$log" || fail "no throughput line"
 		! grep -qi 'fail\|error\|mismatch' "$log" || fail "errors reported"
 	done
+	if [ -n "$fixed_port" ]; then
+		gid_port=$(printf '%x' "$fixed_port")
+		grep -q "local address: .* GID ::$gid_port:ffff:7f00:1\$" "$server_log" ||
+			fail "server GID does not carry SIWX_OOB_PORT=$fixed_port ($gid_port)"
+	fi
 	echo "$tool $*:"
 	cat "$client_log"
+	;;
+pingpong-no-gid)
+	# Without -g, ibv_rc_pingpong exchanges no GID: the server's RTR has no
+	# GRH and fails at once, saying what to pass; the client sees the
+	# server close the exchange socket. Both exit 1, neither hangs.
+	timeout -k 5 30 "$run" -- ibv_rc_pingpong -d siwx_lo -p "$port" >"$server_log" 2>&1 &
+	server_pid=$!
+	wait_listening "$port" || fail "server never listened on port $port"
+	timeout -k 5 30 "$run" -- ibv_rc_pingpong -d siwx_lo -p "$port" 127.0.0.1 >"$client_log" 2>&1
+	client_status=$?
+	wait "$server_pid"
+	server_status=$?
+	server_pid=""
+	[ "$server_status" -eq 1 ] || fail "server exited with $server_status, expected 1"
+	[ "$client_status" -eq 1 ] || fail "client exited with $client_status, expected 1"
+	grep -qF 'Failed to modify QP to RTR' "$server_log" || fail "server: no RTR failure"
+	grep -qF 'pass the GID index (ibv_rc_pingpong -g 0' "$server_log" ||
+		fail "server: no siwx line saying to pass -g 0"
+	echo "ibv_rc_pingpong without -g: refused at RTR:"
+	cat "$server_log"
 	;;
 verbs-refused)
 	# A program that iWARP cannot serve (UD, UC, XRC) must stop at once with
@@ -270,7 +303,8 @@ asyncwatch)
 	# start, name the device's event descriptor and wait without crashing.
 	timeout -k 5 3 "$run" -- ibv_asyncwatch -d siwx_lo >"$client_log" 2>&1
 	status=$?
-	[ "$status" -eq 124 ] || fail "ibv_asyncwatch exited with $status, expected 124 (killed while waiting)"
+	[ "$status" -eq 124 ] ||
+		fail "ibv_asyncwatch exited with $status, expected 124 (killed while waiting)"
 	grep -q '^siwx_lo: async event FD [0-9]' "$client_log" || fail "no 'async event FD' line"
 	cat "$client_log"
 	;;
@@ -349,7 +383,8 @@ refused)
 	cat "$client_log"
 	;;
 *)
-	echo "usage: $0 <siwx-run> rping|perftest|perftest-oob|pingpong|verbs-refused|asyncwatch|fi_pingpong|rdma_server|rdma_xserver|ucmatose|cmtime|refused args..." >&2
+	echo "usage: $0 <siwx-run> rping|perftest|perftest-oob|pingpong|pingpong-no-gid|verbs-refused" \
+		"|asyncwatch|fi_pingpong|rdma_server|rdma_xserver|ucmatose|cmtime|refused args..." >&2
 	exit 2
 	;;
 esac

@@ -9,7 +9,8 @@
  *
  * Then the failures, in one process: a peer GID whose port refuses
  * connections (this end connects: ERR, IBV_EVENT_QP_FATAL, posted WRs
- * flushed), and a peer that never connects (this end waits: the same after
+ * flushed), a listener with no such QP (it refuses the MPA Request), and a
+ * peer that never connects (this end waits: the same after
  * SIWX_OOB_TIMEOUT_MS, which CTest sets to 3000). */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -95,8 +96,11 @@ static void close_side(struct side *s)
 	free(s->buf);
 }
 
-/* What ibv_rc_pingpong's pp_connect_ctx does, with the GRH that -g adds. */
-static int connect_qp(struct ibv_qp *qp, const struct dest *peer)
+enum step { kBoth, kRtrOnly, kRtsOnly };
+
+/* What ibv_rc_pingpong's pp_connect_ctx does, with the GRH that -g adds:
+ * RTR, then RTS, or only one of them. */
+static int connect_qp_to(struct ibv_qp *qp, const struct dest *peer, enum step step)
 {
 	struct ibv_qp_attr attr = {
 		.qp_state = IBV_QPS_RTR,
@@ -108,12 +112,14 @@ static int connect_qp(struct ibv_qp *qp, const struct dest *peer)
 		.ah_attr = {.is_global = 1, .dlid = 0, .sl = 0, .port_num = 1,
 			    .grh = {.dgid = peer->gid, .hop_limit = 1, .sgid_index = 0}},
 	};
-	int rc = ibv_modify_qp(qp, &attr,
-			       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-				       IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-				       IBV_QP_MIN_RNR_TIMER);
-	if (rc != 0)
-		return rc;
+	if (step != kRtsOnly) {
+		int rc = ibv_modify_qp(qp, &attr,
+				       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+					       IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+					       IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+		if (rc != 0 || step == kRtrOnly)
+			return rc;
+	}
 	memset(&attr, 0, sizeof(attr));
 	attr.qp_state = IBV_QPS_RTS;
 	attr.timeout = 14;
@@ -124,6 +130,11 @@ static int connect_qp(struct ibv_qp *qp, const struct dest *peer)
 	return ibv_modify_qp(qp, &attr,
 			     IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
 				     IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+static int connect_qp(struct ibv_qp *qp, const struct dest *peer)
+{
+	return connect_qp_to(qp, peer, kBoth);
 }
 
 static void post(struct side *s, enum ibv_wr_opcode op, uint32_t off, uint32_t len,
@@ -172,6 +183,10 @@ static void run_peer(int fd, int first)
 	fill_pattern(s.buf + kSendOff, kMsg, seed);
 	fill_pattern(s.buf + kReadSrcOff, kMsg, seed + 10);
 	post_recv(&s, kRecvOff, kMsg, 100);
+	/* The second side also takes the first side's last Send: posted now,
+	 * since a Send finding no receive ends an iWARP stream (no RNR). */
+	if (!first)
+		post_recv(&s, kRecvOff + kMsg, kMsg, 101);
 
 	struct dest me = {.qpn = s.qp->qp_num, .psn = 1, .rkey = s.mr->rkey,
 			  .addr = (uintptr_t)s.buf};
@@ -217,7 +232,6 @@ static void run_peer(int fd, int first)
 		post(&s, IBV_WR_SEND, kSendOff, 16, NULL, 0, 4);
 		expect_wc(s.cq, 4, IBV_WC_SUCCESS);
 	} else {
-		post_recv(&s, kRecvOff, kMsg, 101);
 		expect_wc(s.cq, 101, IBV_WC_SUCCESS);
 		CHECK_EQ(check_pattern(s.buf + kWriteOff, kMsg, 7), -1);
 	}
@@ -232,7 +246,18 @@ static void expect_failure(const struct dest *peer)
 	struct side s;
 	open_side(&s);
 	post_recv(&s, kRecvOff, kMsg, 200);
-	CHECK_EQ(connect_qp(s.qp, peer), 0);
+	CHECK_EQ(connect_qp_to(s.qp, peer, kRtrOnly), 0);
+	/* The connect may have failed already (a refusal on loopback is fast):
+	 * then the QP is in ERR and the move to RTS is EINVAL. */
+	const int rts = connect_qp_to(s.qp, peer, kRtsOnly);
+	struct ibv_qp_attr attr;
+	struct ibv_qp_init_attr init;
+	if (rts != 0) {
+		CHECK_EQ(rts, EINVAL);
+		CHECK_EQ(ibv_query_qp(s.qp, &attr, IBV_QP_STATE, &init), 0);
+		CHECK_EQ(attr.qp_state, IBV_QPS_ERR);
+	}
+	/* Queued behind the connect, or flushed at once in ERR. */
 	post(&s, IBV_WR_SEND, kSendOff, kMsg, NULL, 0, 201);
 	struct ibv_async_event event;
 	wait_async_event(s.ctx, &event);
@@ -243,8 +268,6 @@ static void expect_failure(const struct dest *peer)
 	CHECK_EQ(poll_n(s.cq, wc, 2), 2);
 	CHECK_EQ(wc[0].status, IBV_WC_WR_FLUSH_ERR);
 	CHECK_EQ(wc[1].status, IBV_WC_WR_FLUSH_ERR);
-	struct ibv_qp_attr attr;
-	struct ibv_qp_init_attr init;
 	CHECK_EQ(ibv_query_qp(s.qp, &attr, IBV_QP_STATE, &init), 0);
 	CHECK_EQ(attr.qp_state, IBV_QPS_ERR);
 	close_side(&s);
@@ -278,6 +301,11 @@ static void failures(void)
 	refusing.gid.raw[9] = (uint8_t)port;
 	expect_failure(&refusing);
 	close(holder);
+
+	/* Our own listener, for a QP number no QP has: this end connects (its
+	 * QPN is smaller), the listener refuses (MPA Reply with R = 1). */
+	struct dest absent = {.qpn = 0xffffff, .psn = 1, .gid = mine};
+	expect_failure(&absent);
 
 	/* Port 1 is below ours: this end waits, and no one ever connects. */
 	struct dest silent = {.qpn = 1, .psn = 1, .gid = mine};

@@ -64,10 +64,11 @@ static void expected_gid(const char *ifname, __be64 node_guid, union ibv_gid *gi
 		if (a->ifa_addr == NULL || a->ifa_addr->sa_family != AF_INET ||
 		    strcmp(a->ifa_name, ifname) != 0)
 			continue;
-		const struct sockaddr_in *in = (const struct sockaddr_in *)a->ifa_addr;
+		struct sockaddr_in in;
+		memcpy(&in, a->ifa_addr, sizeof(in));
 		gid->raw[10] = 0xff;
 		gid->raw[11] = 0xff;
-		memcpy(&gid->raw[12], &in->sin_addr.s_addr, 4);
+		memcpy(&gid->raw[12], &in.sin_addr.s_addr, 4);
 		*port_octets = 1;
 		break;
 	}
