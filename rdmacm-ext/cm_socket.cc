@@ -14,7 +14,10 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+
+#include "rdmacm-ext/stream_handover.h"
 
 namespace siwx::cm::net {
 namespace {
@@ -223,6 +226,19 @@ int PeerAddress(int fd, SockAddr* out) {
   return 0;
 }
 
+// SIWX_TRACE: hands the startup frames to the provider's tracer, which also
+// sees the QP's FPDUs (one trace per process). Nothing when unset.
+static void TraceIo(int fd, int direction, const std::uint8_t* data, std::size_t n) {
+  static const bool tracing = [] {
+    const char* setting = std::getenv("SIWX_TRACE");
+    return setting != nullptr && setting[0] != '\0';
+  }();
+  if (!tracing || n == 0) return;
+  if (const siwx_trace_stream_io_fn trace = GetProviderHandover().trace_io) {
+    trace(fd, direction, data, n);
+  }
+}
+
 IoResult Peek(int fd, MutableByteSpan into) {
   ssize_t n;
   do {
@@ -241,6 +257,7 @@ IoResult Discard(int fd, std::size_t n) {
       got = recv(fd, scratch.data(), want, MSG_DONTWAIT);
     } while (got < 0 && errno == EINTR);
     const IoResult r = FromCount(got, true);
+    TraceIo(fd, 1, scratch.data(), r.bytes);
     if (r.status != IoResult::Status::kOk) {
       total.status = r.status;
       total.error = r.error;
@@ -260,6 +277,7 @@ IoResult DrainInput(int fd) {
       got = recv(fd, scratch.data(), scratch.size(), MSG_DONTWAIT);
     } while (got < 0 && errno == EINTR);
     const IoResult r = FromCount(got, true);
+    TraceIo(fd, 1, scratch.data(), r.bytes);
     if (r.status != IoResult::Status::kOk) {
       total.status = r.status;
       total.error = r.error;
@@ -274,7 +292,9 @@ IoResult SendSome(int fd, ByteSpan bytes) {
   do {
     n = send(fd, bytes.data(), bytes.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
   } while (n < 0 && errno == EINTR);
-  return FromCount(n, false);
+  const IoResult r = FromCount(n, false);
+  TraceIo(fd, 0, bytes.data(), r.bytes);
+  return r;
 }
 
 void ShutdownWrite(int fd) { (void)shutdown(fd, SHUT_WR); }
