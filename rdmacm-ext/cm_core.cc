@@ -11,12 +11,14 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 
 #include "common/util/log.h"
 #include "rdmacm-ext/cm_core_internal.h"
 #include "rdmacm-ext/cm_devices.h"
+#include "rdmacm-ext/stream_handover.h"
 
 namespace siwx::cm {
 namespace {
@@ -75,6 +77,11 @@ Core& Core::Get() {
   // Never destroyed: ids may outlive static destructors at exit.
   static Core* core = [] {
     auto* c = new Core;
+    // SIWX_TRACE: the startup frames go into the provider's trace too.
+    const char* trace = std::getenv("SIWX_TRACE");
+    if (trace != nullptr && trace[0] != '\0') {
+      net::SetStartupIoTap(GetProviderHandover().trace_io);
+    }
     pthread_atfork([] { Get().BeforeFork(); }, [] { Get().AfterForkInParent(); },
                    [] { Get().AfterForkInChild(); });
     return c;

@@ -27,6 +27,8 @@ packages=(
   python3-pyverbs
   # the two-host tests: NFQUEUE rules and the userspace impairment on them
   iptables libnetfilter-queue-dev
+  # the SIWX_TRACE test decodes the trace as iWARP with Wireshark's dissectors
+  tshark
 )
 if [ "${1:-}" = "--packaging" ]; then
   what="packaging tools"
@@ -55,5 +57,10 @@ if [ "$(id -u)" -ne 0 ]; then
   fi
 fi
 export DEBIAN_FRONTEND=noninteractive
+# tshark's wireshark-common asks whether non-root users may capture: no.
+if printf '%s\n' "${missing[@]}" | grep -qx tshark; then
+  echo "wireshark-common wireshark-common/install-setuid boolean false" |
+    $sudo debconf-set-selections
+fi
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

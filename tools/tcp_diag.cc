@@ -50,27 +50,36 @@ std::optional<TcpDiag> QueryTcpDiag(const transport::Endpoint& local,
   std::optional<TcpDiag> result;
   if (sendto(fd, &message, sizeof(message), 0, reinterpret_cast<sockaddr*>(&kernel),
              sizeof(kernel)) == static_cast<ssize_t>(sizeof(message))) {
-    alignas(nlmsghdr) char buffer[8192];
+    // One answer (or an NLMSG_ERROR when there is no such socket). Read with
+    // memcpy: the netlink macros cast unaligned pointers.
+    char buffer[8192];
     const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
-    auto* reply = reinterpret_cast<nlmsghdr*>(buffer);
-    int left = static_cast<int>(n);
-    for (; n > 0 && NLMSG_OK(reply, left); reply = NLMSG_NEXT(reply, left)) {
-      if (reply->nlmsg_type != SOCK_DIAG_BY_FAMILY) break;  // NLMSG_ERROR: none such
-      auto* diag = static_cast<inet_diag_msg*>(NLMSG_DATA(reply));
+    nlmsghdr header{};
+    if (n >= static_cast<ssize_t>(NLMSG_LENGTH(sizeof(inet_diag_msg)))) {
+      std::memcpy(&header, buffer, sizeof(header));
+    }
+    const std::size_t length = std::min<std::size_t>(header.nlmsg_len, n > 0 ? n : 0);
+    if (header.nlmsg_type == SOCK_DIAG_BY_FAMILY &&
+        length >= NLMSG_LENGTH(sizeof(inet_diag_msg))) {
+      inet_diag_msg diag{};
+      std::memcpy(&diag, buffer + NLMSG_HDRLEN, sizeof(diag));
       TcpDiag d;
-      d.state = diag->idiag_state;
-      int attr_left = static_cast<int>(reply->nlmsg_len - NLMSG_LENGTH(sizeof(*diag)));
-      for (auto* attr = reinterpret_cast<rtattr*>(diag + 1); RTA_OK(attr, attr_left);
-           attr = RTA_NEXT(attr, attr_left)) {
-        if (attr->rta_type != INET_DIAG_INFO) continue;
-        tcp_info info{};
-        std::memcpy(&info, RTA_DATA(attr),
-                    std::min<std::size_t>(RTA_PAYLOAD(attr), sizeof(info)));
-        d.total_retransmits = info.tcpi_total_retrans;
-        d.rtt_us = info.tcpi_rtt;
+      d.state = diag.idiag_state;
+      std::size_t at = NLMSG_HDRLEN + NLMSG_ALIGN(sizeof(inet_diag_msg));
+      while (at + sizeof(rtattr) <= length) {
+        rtattr attr{};
+        std::memcpy(&attr, buffer + at, sizeof(attr));
+        if (attr.rta_len < sizeof(rtattr) || at + attr.rta_len > length) break;
+        if (attr.rta_type == INET_DIAG_INFO) {
+          tcp_info info{};
+          std::memcpy(&info, buffer + at + RTA_LENGTH(0),
+                      std::min<std::size_t>(attr.rta_len - RTA_LENGTH(0), sizeof(info)));
+          d.total_retransmits = info.tcpi_total_retrans;
+          d.rtt_us = info.tcpi_rtt;
+        }
+        at += RTA_ALIGN(attr.rta_len);
       }
       result = d;
-      break;
     }
   }
   close(fd);

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 
@@ -230,6 +231,19 @@ int PeerAddress(int fd, SockAddr* out) {
   return 0;
 }
 
+namespace {
+std::atomic<StartupIoTap> startup_io_tap{nullptr};
+
+void TraceIo(int fd, int direction, const std::uint8_t* data, std::size_t n) {
+  if (n == 0) return;
+  if (const StartupIoTap tap = startup_io_tap.load(std::memory_order_acquire)) {
+    tap(fd, direction, data, n);
+  }
+}
+}  // namespace
+
+void SetStartupIoTap(StartupIoTap tap) { startup_io_tap.store(tap, std::memory_order_release); }
+
 IoResult Peek(int fd, MutableByteSpan into) {
   ssize_t n;
   do {
@@ -248,6 +262,7 @@ IoResult Discard(int fd, std::size_t n) {
       got = recv(fd, scratch.data(), want, MSG_DONTWAIT);
     } while (got < 0 && errno == EINTR);
     const IoResult r = FromCount(got, true);
+    TraceIo(fd, 1, scratch.data(), r.bytes);
     if (r.status != IoStatus::kOk) {
       total.status = r.status;
       total.error = r.error;
@@ -267,6 +282,7 @@ IoResult DrainInput(int fd) {
       got = recv(fd, scratch.data(), scratch.size(), MSG_DONTWAIT);
     } while (got < 0 && errno == EINTR);
     const IoResult r = FromCount(got, true);
+    TraceIo(fd, 1, scratch.data(), r.bytes);
     if (r.status != IoStatus::kOk) {
       total.status = r.status;
       total.error = r.error;
@@ -281,7 +297,9 @@ IoResult SendSome(int fd, ByteSpan bytes) {
   do {
     n = send(fd, bytes.data(), bytes.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
   } while (n < 0 && errno == EINTR);
-  return FromCount(n, false);
+  const IoResult r = FromCount(n, false);
+  TraceIo(fd, 0, bytes.data(), r.bytes);
+  return r;
 }
 
 void ShutdownWrite(int fd) { (void)shutdown(fd, SHUT_WR); }

@@ -77,6 +77,13 @@ IoResult Discard(int fd, std::size_t n);
 IoResult DrainInput(int fd);
 IoResult SendSome(int fd, ByteSpan bytes);
 void ShutdownWrite(int fd);
+
+// SIWX_TRACE: a tap that sees the octets Discard, DrainInput and SendSome
+// move (direction 0 sent, 1 received), so the MPA startup frames appear in
+// the wire trace in front of the QP's FPDUs. The CM installs the provider's
+// tracer (one trace per process); none by default.
+using StartupIoTap = void (*)(int fd, int direction, const void* data, std::size_t length);
+void SetStartupIoTap(StartupIoTap tap);
 void Close(int fd);
 // RST instead of FIN (SO_LINGER 0).
 void CloseAbortive(int fd);

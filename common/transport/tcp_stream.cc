@@ -13,6 +13,8 @@
 
 #include <cerrno>
 
+#include "common/trace/stream_trace.h"
+
 namespace siwx::transport {
 namespace {
 
@@ -40,28 +42,43 @@ TcpStream::TcpStream(int fd) : fd_(fd) {
   int one = 1;
   // Fails harmlessly (ENOTSUP/EOPNOTSUPP) on a socketpair.
   setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  if (trace::Tracer* tracer = trace::Tracer::Global()) trace_ = tracer->ConnectionOf(fd_);
 }
 
 TcpStream::~TcpStream() {
+  if (trace_ != nullptr) trace::Tracer::Global()->Forget(*trace_);
   if (fd_ >= 0) close(fd_);
 }
 
 IoResult TcpStream::Read(MutableByteSpan into) {
-  return FromSyscall(recv(fd_, into.data(), into.size(), MSG_DONTWAIT), true);
+  const IoResult r = FromSyscall(recv(fd_, into.data(), into.size(), MSG_DONTWAIT), true);
+  if (trace_ != nullptr && r.bytes > 0) {
+    trace::Tracer::Global()->Record(*trace_, trace::Direction::kReceived,
+                                    ByteSpan(into.data(), r.bytes));
+  }
+  return r;
 }
 
 IoResult TcpStream::ReadV(std::span<const iovec> into) {
   msghdr msg{};
   msg.msg_iov = const_cast<iovec*>(into.data());
   msg.msg_iovlen = into.size();
-  return FromSyscall(recvmsg(fd_, &msg, MSG_DONTWAIT), true);
+  const IoResult r = FromSyscall(recvmsg(fd_, &msg, MSG_DONTWAIT), true);
+  if (trace_ != nullptr && r.bytes > 0) {
+    trace::Tracer::Global()->Record(*trace_, trace::Direction::kReceived, into, r.bytes);
+  }
+  return r;
 }
 
 IoResult TcpStream::WriteV(std::span<const iovec> from) {
   msghdr msg{};
   msg.msg_iov = const_cast<iovec*>(from.data());
   msg.msg_iovlen = from.size();
-  return FromSyscall(sendmsg(fd_, &msg, MSG_DONTWAIT | MSG_NOSIGNAL), false);
+  const IoResult r = FromSyscall(sendmsg(fd_, &msg, MSG_DONTWAIT | MSG_NOSIGNAL), false);
+  if (trace_ != nullptr && r.bytes > 0) {
+    trace::Tracer::Global()->Record(*trace_, trace::Direction::kSent, from, r.bytes);
+  }
+  return r;
 }
 
 std::size_t TcpStream::EffectiveMss() const {

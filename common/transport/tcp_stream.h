@@ -13,9 +13,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 
 #include "common/util/bytes.h"
+
+namespace siwx::trace {
+class Connection;
+}
 
 namespace siwx::transport {
 
@@ -58,6 +63,9 @@ class TcpStream {
 
  private:
   int fd_;
+  // SIWX_TRACE: this stream's trace, or null (the common case: one branch
+  // per call).
+  std::shared_ptr<trace::Connection> trace_;
 };
 
 // Interest bits of Poller::Update.

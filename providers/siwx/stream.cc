@@ -36,6 +36,7 @@
 #include <new>
 
 #include "common/wire/mpa_constants.h"
+#include "common/trace/stream_trace.h"
 #include "common/util/log.h"
 #include "providers/siwx/oob.h"
 #include "providers/siwx/provider.h"
@@ -243,6 +244,16 @@ int CmBind(siwx::provider::Context* context, uint32_t qp_num, int fd,
 }  // namespace
 
 extern "C" {
+
+void siwx_trace_stream_io(int fd, int direction, const void* data, size_t length) {
+  siwx::trace::Tracer* tracer = siwx::trace::Tracer::Global();
+  if (tracer == nullptr || data == nullptr || length == 0) return;
+  const std::shared_ptr<siwx::trace::Connection> connection = tracer->ConnectionOf(fd);
+  if (connection == nullptr) return;
+  tracer->Record(*connection,
+                 direction == 0 ? siwx::trace::Direction::kSent : siwx::trace::Direction::kReceived,
+                 siwx::ByteSpan(static_cast<const std::uint8_t*>(data), length));
+}
 
 int siwx_qp_bind_stream(ibv_qp* ibqp, int fd, const siwx_stream_params* params,
                         const siwx_stream_notify* notify) {
