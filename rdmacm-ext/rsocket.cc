@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
+#include <thread>
 #include <cstdlib>
 #include <cstring>
 #include <unordered_map>
@@ -31,7 +33,7 @@ constexpr std::uint32_t kMaxTransfer = 65536;  // largest single RDMA Write
 constexpr std::uint32_t kScratchSlot = 32;     // one message, SGE or iomap entry
 constexpr int kWakeIntervalMs = 500;           // longest single sleep in a wait
 constexpr int kTeardownMs = 5000;              // bound of the waits in shutdown
-constexpr int kLingerMs = 2000;                // rclose waits this long for the peer to close
+constexpr int kLingerMs = 2000;                // a closed QP waits this long for the peer
 
 // wr_id: kind in bits 63:60, argument (slot or octets) in 31:0.
 enum WrKind : std::uint64_t { kWrRecv = 1, kWrData = 2, kWrMsg = 3, kWrCtrl = 4, kWrDirect = 5 };
@@ -610,8 +612,9 @@ bool Progress(Socket& s) {
   if (s.phase == Phase::kListening) {
     changed = ProcessListenEvents(s);
   } else {
-    changed = PollCq(s);
-    changed |= ProcessCmEvents(s);
+    // CM events first: messages of an accepted socket wait in the CQ until
+    // ESTABLISHED has made it a connected one.
+    changed = ProcessCmEvents(s);
     if (s.phase == Phase::kConnected) {
       changed |= PollCq(s);
       UpdateCredits(s);
@@ -1137,19 +1140,105 @@ void DestroySocket(Socket& s) {
   }
 }
 
-int Close(Socket& s, std::unique_lock<std::mutex>& lk) {
-  if (s.phase == Phase::kConnected && (s.readable || s.writable || !s.cm_disconnected)) {
-    (void)Shutdown(s, lk, SHUT_RDWR);
-  }
-  // The first end to close waits (bounded) for the peer's DISCONNECT or the
-  // end of the stream before it disconnects: destroying the QP resets a TCP
-  // connection that is still draining, and a reset makes the peer's kernel
-  // drop what its engine has not read yet (our last writes, which a peer
-  // spinning on iomapped memory, as riostream does, has not seen yet).
-  if (s.phase == Phase::kConnected && !s.cm_disconnected) {
-    (void)WaitUntil(s, lk, false, [&] { return s.peer_closed || s.peer_gone; }, kLingerMs);
+namespace {
+
+// Sockets closed before their peer: the first end to close keeps its QP
+// until the peer's DISCONNECT, the end of the stream or kLingerMs, as the
+// kernel keeps a closed TCP socket. Destroying the QP at once would reset a
+// connection that still drains, and a reset makes the peer's kernel drop
+// what its engine has not read yet (our last writes: riostream's client,
+// spinning on iomapped memory, lost them). One thread serves them all.
+struct Lingerer {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::shared_ptr<Socket>> sockets;
+  std::thread thread;
+  bool stop = false;
+};
+
+Lingerer& Lingering() {
+  static auto* l = new Lingerer;
+  return *l;
+}
+
+void Disconnect(Socket& s) {
+  if (!s.cm_disconnected) {
     (void)rdma_disconnect(s.id);
     s.cm_disconnected = true;
+  }
+}
+
+void LingerLoop() {
+  Lingerer& l = Lingering();
+  std::unique_lock lock(l.mu);
+  for (;;) {
+    if (l.sockets.empty()) {
+      l.cv.wait(lock, [&] { return l.stop || !l.sockets.empty(); });
+    } else {
+      l.cv.wait_for(lock, std::chrono::milliseconds(5), [&] { return l.stop; });
+    }
+    if (l.stop) return;
+    std::vector<std::shared_ptr<Socket>> batch = l.sockets;
+    lock.unlock();
+    std::vector<Socket*> done;
+    for (const auto& sp : batch) {
+      Socket& s = *sp;
+      std::lock_guard slock(s.mu);
+      Progress(s);
+      if (s.peer_closed || s.peer_gone || std::chrono::steady_clock::now() >= s.linger_deadline) {
+        Disconnect(s);
+        DestroySocket(s);
+        done.push_back(&s);
+      }
+    }
+    lock.lock();
+    std::erase_if(l.sockets, [&](const auto& sp) {
+      return std::find(done.begin(), done.end(), sp.get()) != done.end();
+    });
+  }
+}
+
+void StopLingering() {
+  Lingerer& l = Lingering();
+  {
+    std::lock_guard lock(l.mu);
+    l.stop = true;
+  }
+  l.cv.notify_all();
+  if (l.thread.joinable()) l.thread.join();
+}
+
+void Linger(const std::shared_ptr<Socket>& s) {
+  Lingerer& l = Lingering();
+  std::lock_guard lock(l.mu);
+  if (l.stop) {
+    DestroySocket(*s);  // exiting: nobody would serve it
+    return;
+  }
+  if (!l.thread.joinable()) {
+    l.thread = std::thread(LingerLoop);
+    std::atexit(StopLingering);
+  }
+  l.sockets.push_back(s);
+  l.cv.notify_all();
+}
+
+}  // namespace
+
+int Close(const std::shared_ptr<Socket>& sp, std::unique_lock<std::mutex>& lk) {
+  Socket& s = *sp;
+  if (s.phase == Phase::kConnected && (s.readable || s.writable)) {
+    (void)Shutdown(s, lk, SHUT_RDWR);
+  }
+  if (s.phase == Phase::kConnected && !s.cm_disconnected) {
+    Progress(s);
+    if (!s.peer_closed && !s.peer_gone) {
+      s.linger_deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kLingerMs);
+      lk.unlock();
+      Linger(sp);
+      return 0;
+    }
+    Disconnect(s);
   }
   DestroySocket(s);
   return 0;

@@ -24,6 +24,7 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -73,6 +74,7 @@ struct Socket {
   int fs_flags = 0;  // O_NONBLOCK
   int fd_flags = 0;  // FD_CLOEXEC
   int waiters = 0;   // threads asleep in Wait()
+  std::chrono::steady_clock::time_point linger_deadline;  // closed, waiting for the peer
 
   // Options (set before the connection; inherited by accepted sockets).
   std::uint32_t sbuf_size = 0;
@@ -158,7 +160,7 @@ ssize_t Recv(Socket& s, std::unique_lock<std::mutex>& lk, void* buf, std::size_t
 ssize_t IoWrite(Socket& s, std::unique_lock<std::mutex>& lk, const void* buf, std::size_t count,
                 std::uint64_t offset, int flags);
 int Shutdown(Socket& s, std::unique_lock<std::mutex>& lk, int how);
-int Close(Socket& s, std::unique_lock<std::mutex>& lk);
+int Close(const std::shared_ptr<Socket>& s, std::unique_lock<std::mutex>& lk);
 void DestroySocket(Socket& s);
 
 // Polling: progress without blocking, the events ready now, and the

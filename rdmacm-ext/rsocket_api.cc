@@ -515,7 +515,7 @@ int rclose(int socket) {
     SocketPtr s = siwx::rs::Unregister(socket);
     if (s == nullptr) return Fail(EBADF);
     std::unique_lock lk(s->mu);
-    siwx::rs::Close(*s, lk);
+    siwx::rs::Close(s, lk);
     return 0;
   });
 }
