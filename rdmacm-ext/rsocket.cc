@@ -1253,7 +1253,9 @@ short Revents(Socket& s, short events) {
     case Phase::kConnected:
       if (!s.rmsg.empty() || !s.readable) rev |= events & (POLLIN | POLLRDNORM);
       if (CanSendData(s)) rev |= events & (POLLOUT | POLLWRNORM);
-      if (s.peer_gone || s.peer_closed) rev |= POLLHUP;
+      // Hang-up once the data that arrived before it is read: rstream -T a
+      // takes POLLHUP for an error and would lose the peer's last transfer.
+      if ((s.peer_gone || s.peer_closed) && s.rmsg.empty()) rev |= POLLHUP;
       if (s.so_error != 0 && s.so_error != ECONNRESET) rev |= POLLERR;
       break;
     case Phase::kConnectError:
