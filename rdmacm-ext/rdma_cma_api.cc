@@ -9,7 +9,7 @@
 // Not supported over iWARP, and refused with a clear errno: multicast
 // (EOPNOTSUPP), ECE (EOPNOTSUPP), AF_IB and UD port spaces
 // (EPROTONOSUPPORT / EAFNOSUPPORT), IB-only options (ENOSYS). The rsocket
-// API of librdmacm is not provided (it needs librdmacm's private ids).
+// API is siwx's own (rsocket.cc, rsocket_api.cc), built on these calls.
 #include <netdb.h>
 
 #include <cerrno>
