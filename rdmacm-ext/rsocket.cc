@@ -37,7 +37,9 @@ constexpr int kLingerMs = 2000;                // a closed QP waits this long fo
 
 // wr_id: kind in bits 63:60, argument (slot or octets) in 31:0.
 enum WrKind : std::uint64_t { kWrRecv = 1, kWrData = 2, kWrMsg = 3, kWrCtrl = 4, kWrDirect = 5 };
-constexpr std::uint64_t MakeWrId(WrKind k, std::uint32_t arg) { return (std::uint64_t{k} << 60) | arg; }
+constexpr std::uint64_t MakeWrId(WrKind k, std::uint32_t arg) {
+  return (std::uint64_t{k} << 60) | arg;
+}
 constexpr WrKind WrIdKind(std::uint64_t id) { return static_cast<WrKind>(id >> 60); }
 constexpr std::uint32_t WrIdArg(std::uint64_t id) { return static_cast<std::uint32_t>(id); }
 
@@ -75,7 +77,8 @@ std::uint8_t* ScratchSlot(Socket& s) {
 
 wire::Sge* SharedSgl(Socket& s) { return reinterpret_cast<wire::Sge*>(s.tables); }
 std::uint8_t* SharedIomap(Socket& s, int i) {
-  return s.tables + wire::kSglSize * wire::kSgeSize + static_cast<std::size_t>(i) * wire::kIomapSize;
+  return s.tables + wire::kSglSize * wire::kSgeSize +
+         static_cast<std::size_t>(i) * wire::kIomapSize;
 }
 
 void MarkBroken(Socket& s, int err) {
@@ -164,9 +167,9 @@ void UpdateCredits(Socket& s) {
       wire::Sge sge{reinterpret_cast<std::uintptr_t>(s.rbuf + s.rfree_offset), s.rmr->rkey, half};
       std::uint8_t enc[wire::kSgeSize];
       wire::EncodeSge(sge, s.swap, enc);
-      rc = PostWriteMsg(s, enc, wire::kSgeSize,
-                        s.remote_sgl.addr + static_cast<std::uint64_t>(s.remote_sge) * wire::kSgeSize,
-                        s.remote_sgl.key, msg);
+      const std::uint64_t entry =
+          s.remote_sgl.addr + static_cast<std::uint64_t>(s.remote_sge) * wire::kSgeSize;
+      rc = PostWriteMsg(s, enc, wire::kSgeSize, entry, s.remote_sgl.key, msg);
       if (rc != 0) return;
       s.rbuf_avail -= half;
       s.rfree_offset = (s.rfree_offset + half) % s.rbuf_size;
@@ -522,8 +525,10 @@ int CreateEndpoint(Socket& s) {
   s.rbuf = AllocZeroed(rlen);
   s.tables = AllocZeroed(tlen);
   if (s.sbuf == nullptr || s.rbuf == nullptr || s.tables == nullptr) return ENOMEM;
-  const int remote = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
-  s.smr = ibv_reg_mr(s.pd, s.sbuf, slen, IBV_ACCESS_LOCAL_WRITE);
+  // ints: ibv_reg_mr is a macro that masks its argument with another enum.
+  const int local = IBV_ACCESS_LOCAL_WRITE;
+  const int remote = local | static_cast<int>(IBV_ACCESS_REMOTE_WRITE);
+  s.smr = ibv_reg_mr(s.pd, s.sbuf, slen, local);
   s.rmr = ibv_reg_mr(s.pd, s.rbuf, rlen, remote);
   s.tmr = ibv_reg_mr(s.pd, s.tables, tlen, remote);
   if (s.smr == nullptr || s.rmr == nullptr || s.tmr == nullptr) return errno != 0 ? errno : ENOMEM;
@@ -1153,6 +1158,7 @@ struct Lingerer {
   std::condition_variable cv;
   std::vector<std::shared_ptr<Socket>> sockets;
   std::thread thread;
+  pid_t owner = 0;  // the process the thread runs in (a forked child has none)
   bool stop = false;
 };
 
@@ -1200,6 +1206,7 @@ void LingerLoop() {
 
 void StopLingering() {
   Lingerer& l = Lingering();
+  if (l.owner != getpid()) return;  // a child of fork(): the thread is not here
   {
     std::lock_guard lock(l.mu);
     l.stop = true;
@@ -1215,9 +1222,14 @@ void Linger(const std::shared_ptr<Socket>& s) {
     DestroySocket(*s);  // exiting: nobody would serve it
     return;
   }
-  if (!l.thread.joinable()) {
+  if (l.owner != getpid()) {
+    // First use, or a child of fork(): the parent's thread did not follow.
+    if (l.owner == 0) std::atexit(StopLingering);
+    // The parent's thread object: neither joinable nor detachable here; kept.
+    if (l.thread.joinable()) new std::thread(std::move(l.thread));
+    l.sockets.clear();
     l.thread = std::thread(LingerLoop);
-    std::atexit(StopLingering);
+    l.owner = getpid();
   }
   l.sockets.push_back(s);
   l.cv.notify_all();
