@@ -197,13 +197,17 @@ void HandleMsg(Socket& s, std::uint32_t msg) {
   const std::uint32_t arg = wire::MsgArg(msg);
   switch (wire::MsgOp(msg)) {
     case wire::kOpData:
-      if (arg > s.rbuf_size) {
-        SIWX_LOG(kWarn, "rsocket %d: the peer announced %u octets, more than the %u-octet "
-                 "receive buffer; closing the connection", s.index, arg, s.rbuf_size);
+      if (arg > s.rbuf_size - s.rqueued) {
+        // More than it can have written: a broken or hostile peer.
+        SIWX_LOG(kWarn, "rsocket %d: the peer announced %u more octets than its %u-octet "
+                 "receive buffer can hold; closing the connection", s.index, arg, s.rbuf_size);
         MarkBroken(s, EPROTO);
         return;
       }
-      if (arg != 0) s.rmsg.push_back(arg);
+      if (arg != 0) {
+        s.rmsg.push_back(arg);
+        s.rqueued += arg;
+      }
       break;
     case wire::kOpSgl:
       s.sseq_comp = static_cast<std::uint16_t>(arg);
@@ -334,7 +338,8 @@ bool ProcessCmEvents(Socket& s) {
     wire::ConnData cd;
     const bool cd_ok = type == RDMA_CM_EVENT_ESTABLISHED &&
                        wire::DecodeConnData(ev->param.conn.private_data,
-                                            ev->param.conn.private_data_len, &cd);
+                                            ev->param.conn.private_data_len, &cd) &&
+                       cd.target_sgl.length != 0;
     rdma_ack_cm_event(ev);
     switch (type) {
       case RDMA_CM_EVENT_ADDR_RESOLVED:
@@ -1007,6 +1012,7 @@ std::size_t CopyOut(Socket& s, std::uint8_t* dst, std::size_t len, bool consume)
     copied += n;
     if (consume) {
       s.rbuf_avail += n;
+      s.rqueued -= n;
       if (n == avail) {
         s.rmsg.pop_front();
         ++s.rseq_no;

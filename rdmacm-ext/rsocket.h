@@ -117,6 +117,7 @@ struct Socket {
   std::uint32_t rfree_offset = 0;  // next half to advertise
   std::uint32_t rbuf_avail = 0;    // free octets not yet advertised
   std::deque<std::uint32_t> rmsg;  // lengths of received, unread DATA messages
+  std::uint32_t rqueued = 0;       // their sum
   // Target SGL and iomap table, written by the peer.
   std::uint8_t* tables = nullptr;
   ibv_mr* tmr = nullptr;
