@@ -11,6 +11,8 @@
 // IPoIB and IB port spaces and non-RC QP types (EOPNOTSUPP, as siw refuses
 // such QPs), AF_IB (EAFNOSUPPORT), IB-only options (ENOSYS); ECE
 // (EOPNOTSUPP). README.md has the audit of every symbol.
+// The rsocket API is siwx's own (rsocket.cc, rsocket_api.cc), built on
+// these calls.
 #include <netdb.h>
 
 #include <cerrno>

@@ -12,14 +12,55 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
+#include <thread>
 #include <cstdlib>
 #include <cstring>
 #include <unordered_map>
 
 #include "common/util/log.h"
 
+// The receive ring and the target SGL and iomap tables are written by the
+// peer's RDMA Writes (the engine's receive thread places them) while we read
+// them, and the length of a used-up SGL entry by us too: the protocol orders
+// these accesses through the network (we advertise a buffer again only after
+// reading it), which ThreadSanitizer cannot see. Our accesses to that memory
+// are hidden from it; everything else stays checked.
+#if defined(__SANITIZE_THREAD__)
+#define SIWX_RS_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define SIWX_RS_TSAN 1
+#endif
+#endif
+#ifdef SIWX_RS_TSAN
+extern "C" void AnnotateIgnoreReadsBegin(const char* file, int line);
+extern "C" void AnnotateIgnoreReadsEnd(const char* file, int line);
+extern "C" void AnnotateIgnoreWritesBegin(const char* file, int line);
+extern "C" void AnnotateIgnoreWritesEnd(const char* file, int line);
+#endif
+
 namespace siwx::rs {
 namespace {
+
+class PeerWrittenAccess {
+ public:
+#ifdef SIWX_RS_TSAN
+  PeerWrittenAccess() {
+    AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
+    AnnotateIgnoreWritesBegin(__FILE__, __LINE__);
+  }
+  ~PeerWrittenAccess() {
+    AnnotateIgnoreWritesEnd(__FILE__, __LINE__);
+    AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
+  }
+#else
+  PeerWrittenAccess() {}
+  ~PeerWrittenAccess() {}  // not trivial: no unused-variable warning
+#endif
+  PeerWrittenAccess(const PeerWrittenAccess&) = delete;
+  PeerWrittenAccess& operator=(const PeerWrittenAccess&) = delete;
+};
 
 constexpr std::uint32_t kCtrlReserve = 4;    // send slots kept for control messages
 constexpr std::uint32_t kSpareRecvs = 32;    // receives beyond the credits we grant
@@ -31,11 +72,13 @@ constexpr std::uint32_t kMaxTransfer = 65536;  // largest single RDMA Write
 constexpr std::uint32_t kScratchSlot = 32;     // one message, SGE or iomap entry
 constexpr int kWakeIntervalMs = 500;           // longest single sleep in a wait
 constexpr int kTeardownMs = 5000;              // bound of the waits in shutdown
-constexpr int kLingerMs = 2000;                // rclose waits this long for the peer to close
+constexpr int kLingerMs = 2000;                // a closed QP waits this long for the peer
 
 // wr_id: kind in bits 63:60, argument (slot or octets) in 31:0.
 enum WrKind : std::uint64_t { kWrRecv = 1, kWrData = 2, kWrMsg = 3, kWrCtrl = 4, kWrDirect = 5 };
-constexpr std::uint64_t MakeWrId(WrKind k, std::uint32_t arg) { return (std::uint64_t{k} << 60) | arg; }
+constexpr std::uint64_t MakeWrId(WrKind k, std::uint32_t arg) {
+  return (std::uint64_t{k} << 60) | arg;
+}
 constexpr WrKind WrIdKind(std::uint64_t id) { return static_cast<WrKind>(id >> 60); }
 constexpr std::uint32_t WrIdArg(std::uint64_t id) { return static_cast<std::uint32_t>(id); }
 
@@ -73,7 +116,8 @@ std::uint8_t* ScratchSlot(Socket& s) {
 
 wire::Sge* SharedSgl(Socket& s) { return reinterpret_cast<wire::Sge*>(s.tables); }
 std::uint8_t* SharedIomap(Socket& s, int i) {
-  return s.tables + wire::kSglSize * wire::kSgeSize + static_cast<std::size_t>(i) * wire::kIomapSize;
+  return s.tables + wire::kSglSize * wire::kSgeSize +
+         static_cast<std::size_t>(i) * wire::kIomapSize;
 }
 
 void MarkBroken(Socket& s, int err) {
@@ -162,9 +206,9 @@ void UpdateCredits(Socket& s) {
       wire::Sge sge{reinterpret_cast<std::uintptr_t>(s.rbuf + s.rfree_offset), s.rmr->rkey, half};
       std::uint8_t enc[wire::kSgeSize];
       wire::EncodeSge(sge, s.swap, enc);
-      rc = PostWriteMsg(s, enc, wire::kSgeSize,
-                        s.remote_sgl.addr + static_cast<std::uint64_t>(s.remote_sge) * wire::kSgeSize,
-                        s.remote_sgl.key, msg);
+      const std::uint64_t entry =
+          s.remote_sgl.addr + static_cast<std::uint64_t>(s.remote_sge) * wire::kSgeSize;
+      rc = PostWriteMsg(s, enc, wire::kSgeSize, entry, s.remote_sgl.key, msg);
       if (rc != 0) return;
       s.rbuf_avail -= half;
       s.rfree_offset = (s.rfree_offset + half) % s.rbuf_size;
@@ -179,6 +223,7 @@ void UpdateCredits(Socket& s) {
 // Entries we have used up are taken over from the shared table once an
 // SGL message arrived: the Write that filled them was placed before it.
 void RefreshSgl(Socket& s) {
+  const PeerWrittenAccess hidden;
   wire::Sge* shared = SharedSgl(s);
   for (int i = 0; i < wire::kSglSize; ++i) {
     if (s.sgl[i].length != 0) continue;
@@ -192,13 +237,17 @@ void HandleMsg(Socket& s, std::uint32_t msg) {
   const std::uint32_t arg = wire::MsgArg(msg);
   switch (wire::MsgOp(msg)) {
     case wire::kOpData:
-      if (arg > s.rbuf_size) {
-        SIWX_LOG(kWarn, "rsocket %d: the peer announced %u octets, more than the %u-octet "
-                 "receive buffer; closing the connection", s.index, arg, s.rbuf_size);
+      if (arg > s.rbuf_size - s.rqueued) {
+        // More than it can have written: a broken or hostile peer.
+        SIWX_LOG(kWarn, "rsocket %d: the peer announced %u more octets than its %u-octet "
+                 "receive buffer can hold; closing the connection", s.index, arg, s.rbuf_size);
         MarkBroken(s, EPROTO);
         return;
       }
-      if (arg != 0) s.rmsg.push_back(arg);
+      if (arg != 0) {
+        s.rmsg.push_back(arg);
+        s.rqueued += arg;
+      }
       break;
     case wire::kOpSgl:
       s.sseq_comp = static_cast<std::uint16_t>(arg);
@@ -207,6 +256,7 @@ void HandleMsg(Socket& s, std::uint32_t msg) {
     case wire::kOpIomapSgl: {
       const std::uint32_t i = arg & 0xFFFF;
       if (i < s.peer_iomaps.size()) {
+        const PeerWrittenAccess hidden;
         s.peer_iomaps[i] = wire::DecodeIomap(SharedIomap(s, static_cast<int>(i)));
       }
       break;
@@ -329,7 +379,8 @@ bool ProcessCmEvents(Socket& s) {
     wire::ConnData cd;
     const bool cd_ok = type == RDMA_CM_EVENT_ESTABLISHED &&
                        wire::DecodeConnData(ev->param.conn.private_data,
-                                            ev->param.conn.private_data_len, &cd);
+                                            ev->param.conn.private_data_len, &cd) &&
+                       cd.target_sgl.length != 0;
     rdma_ack_cm_event(ev);
     switch (type) {
       case RDMA_CM_EVENT_ADDR_RESOLVED:
@@ -520,8 +571,10 @@ int CreateEndpoint(Socket& s) {
   s.rbuf = AllocZeroed(rlen);
   s.tables = AllocZeroed(tlen);
   if (s.sbuf == nullptr || s.rbuf == nullptr || s.tables == nullptr) return ENOMEM;
-  const int remote = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
-  s.smr = ibv_reg_mr(s.pd, s.sbuf, slen, IBV_ACCESS_LOCAL_WRITE);
+  // ints: ibv_reg_mr is a macro that masks its argument with another enum.
+  const int local = IBV_ACCESS_LOCAL_WRITE;
+  const int remote = local | static_cast<int>(IBV_ACCESS_REMOTE_WRITE);
+  s.smr = ibv_reg_mr(s.pd, s.sbuf, slen, local);
   s.rmr = ibv_reg_mr(s.pd, s.rbuf, rlen, remote);
   s.tmr = ibv_reg_mr(s.pd, s.tables, tlen, remote);
   if (s.smr == nullptr || s.rmr == nullptr || s.tmr == nullptr) return errno != 0 ? errno : ENOMEM;
@@ -610,8 +663,9 @@ bool Progress(Socket& s) {
   if (s.phase == Phase::kListening) {
     changed = ProcessListenEvents(s);
   } else {
-    changed = PollCq(s);
-    changed |= ProcessCmEvents(s);
+    // CM events first: messages of an accepted socket wait in the CQ until
+    // ESTABLISHED has made it a connected one.
+    changed = ProcessCmEvents(s);
     if (s.phase == Phase::kConnected) {
       changed |= PollCq(s);
       UpdateCredits(s);
@@ -910,6 +964,7 @@ ssize_t SendV(Socket& s, std::unique_lock<std::mutex>& lk, const iovec* iov, int
     target.addr += xfer;
     target.length -= xfer;
     if (target.length == 0) {
+      const PeerWrittenAccess hidden;
       SharedSgl(s)[s.target_sge].length = 0;  // let the refresh see the peer's next entry
       s.target_sge = (s.target_sge + 1) % wire::kSglSize;
     }
@@ -987,6 +1042,8 @@ ssize_t IoWrite(Socket& s, std::unique_lock<std::mutex>& lk, const void* buf, st
 
 namespace {
 std::size_t CopyOut(Socket& s, std::uint8_t* dst, std::size_t len, bool consume) {
+  // The ring is refilled by the peer once we advertised it again.
+  const PeerWrittenAccess hidden;
   std::size_t copied = 0;
   std::uint32_t off = s.roffset;
   for (std::size_t m = 0; copied < len && m < s.rmsg.size();) {
@@ -999,6 +1056,7 @@ std::size_t CopyOut(Socket& s, std::uint8_t* dst, std::size_t len, bool consume)
     copied += n;
     if (consume) {
       s.rbuf_avail += n;
+      s.rqueued -= n;
       if (n == avail) {
         s.rmsg.pop_front();
         ++s.rseq_no;
@@ -1137,19 +1195,112 @@ void DestroySocket(Socket& s) {
   }
 }
 
-int Close(Socket& s, std::unique_lock<std::mutex>& lk) {
-  if (s.phase == Phase::kConnected && (s.readable || s.writable || !s.cm_disconnected)) {
-    (void)Shutdown(s, lk, SHUT_RDWR);
-  }
-  // The first end to close waits (bounded) for the peer's DISCONNECT or the
-  // end of the stream before it disconnects: destroying the QP resets a TCP
-  // connection that is still draining, and a reset makes the peer's kernel
-  // drop what its engine has not read yet (our last writes, which a peer
-  // spinning on iomapped memory, as riostream does, has not seen yet).
-  if (s.phase == Phase::kConnected && !s.cm_disconnected) {
-    (void)WaitUntil(s, lk, false, [&] { return s.peer_closed || s.peer_gone; }, kLingerMs);
+namespace {
+
+// Sockets closed before their peer: the first end to close keeps its QP
+// until the peer's DISCONNECT, the end of the stream or kLingerMs, as the
+// kernel keeps a closed TCP socket. Destroying the QP at once would reset a
+// connection that still drains, and a reset makes the peer's kernel drop
+// what its engine has not read yet (our last writes: riostream's client,
+// spinning on iomapped memory, lost them). One thread serves them all.
+struct Lingerer {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::shared_ptr<Socket>> sockets;
+  std::thread thread;
+  pid_t owner = 0;  // the process the thread runs in (a forked child has none)
+  bool stop = false;
+};
+
+Lingerer& Lingering() {
+  static auto* l = new Lingerer;
+  return *l;
+}
+
+void Disconnect(Socket& s) {
+  if (!s.cm_disconnected) {
     (void)rdma_disconnect(s.id);
     s.cm_disconnected = true;
+  }
+}
+
+void LingerLoop() {
+  Lingerer& l = Lingering();
+  std::unique_lock lock(l.mu);
+  for (;;) {
+    if (l.sockets.empty()) {
+      l.cv.wait(lock, [&] { return l.stop || !l.sockets.empty(); });
+    } else {
+      l.cv.wait_for(lock, std::chrono::milliseconds(5), [&] { return l.stop; });
+    }
+    if (l.stop) return;
+    std::vector<std::shared_ptr<Socket>> batch = l.sockets;
+    lock.unlock();
+    std::vector<Socket*> done;
+    for (const auto& sp : batch) {
+      Socket& s = *sp;
+      std::lock_guard slock(s.mu);
+      Progress(s);
+      if (s.peer_closed || s.peer_gone || std::chrono::steady_clock::now() >= s.linger_deadline) {
+        Disconnect(s);
+        DestroySocket(s);
+        done.push_back(&s);
+      }
+    }
+    lock.lock();
+    std::erase_if(l.sockets, [&](const auto& sp) {
+      return std::find(done.begin(), done.end(), sp.get()) != done.end();
+    });
+  }
+}
+
+void StopLingering() {
+  Lingerer& l = Lingering();
+  if (l.owner != getpid()) return;  // a child of fork(): the thread is not here
+  {
+    std::lock_guard lock(l.mu);
+    l.stop = true;
+  }
+  l.cv.notify_all();
+  if (l.thread.joinable()) l.thread.join();
+}
+
+void Linger(const std::shared_ptr<Socket>& s) {
+  Lingerer& l = Lingering();
+  std::lock_guard lock(l.mu);
+  if (l.stop) {
+    DestroySocket(*s);  // exiting: nobody would serve it
+    return;
+  }
+  if (l.owner != getpid()) {
+    // First use, or a child of fork(): the parent's thread did not follow.
+    if (l.owner == 0) std::atexit(StopLingering);
+    // The parent's thread object: neither joinable nor detachable here; kept.
+    if (l.thread.joinable()) new std::thread(std::move(l.thread));
+    l.sockets.clear();
+    l.thread = std::thread(LingerLoop);
+    l.owner = getpid();
+  }
+  l.sockets.push_back(s);
+  l.cv.notify_all();
+}
+
+}  // namespace
+
+int Close(const std::shared_ptr<Socket>& sp, std::unique_lock<std::mutex>& lk) {
+  Socket& s = *sp;
+  if (s.phase == Phase::kConnected && (s.readable || s.writable)) {
+    (void)Shutdown(s, lk, SHUT_RDWR);
+  }
+  if (s.phase == Phase::kConnected && !s.cm_disconnected) {
+    Progress(s);
+    if (!s.peer_closed && !s.peer_gone) {
+      s.linger_deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kLingerMs);
+      lk.unlock();
+      Linger(sp);
+      return 0;
+    }
+    Disconnect(s);
   }
   DestroySocket(s);
   return 0;
@@ -1164,7 +1315,9 @@ short Revents(Socket& s, short events) {
     case Phase::kConnected:
       if (!s.rmsg.empty() || !s.readable) rev |= events & (POLLIN | POLLRDNORM);
       if (CanSendData(s)) rev |= events & (POLLOUT | POLLWRNORM);
-      if (s.peer_gone || s.peer_closed) rev |= POLLHUP;
+      // Hang-up once the data that arrived before it is read: rstream -T a
+      // takes POLLHUP for an error and would lose the peer's last transfer.
+      if ((s.peer_gone || s.peer_closed) && s.rmsg.empty()) rev |= POLLHUP;
       if (s.so_error != 0 && s.so_error != ECONNRESET) rev |= POLLERR;
       break;
     case Phase::kConnectError:

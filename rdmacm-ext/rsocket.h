@@ -24,6 +24,7 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -73,6 +74,7 @@ struct Socket {
   int fs_flags = 0;  // O_NONBLOCK
   int fd_flags = 0;  // FD_CLOEXEC
   int waiters = 0;   // threads asleep in Wait()
+  std::chrono::steady_clock::time_point linger_deadline;  // closed, waiting for the peer
 
   // Options (set before the connection; inherited by accepted sockets).
   std::uint32_t sbuf_size = 0;
@@ -115,6 +117,7 @@ struct Socket {
   std::uint32_t rfree_offset = 0;  // next half to advertise
   std::uint32_t rbuf_avail = 0;    // free octets not yet advertised
   std::deque<std::uint32_t> rmsg;  // lengths of received, unread DATA messages
+  std::uint32_t rqueued = 0;       // their sum
   // Target SGL and iomap table, written by the peer.
   std::uint8_t* tables = nullptr;
   ibv_mr* tmr = nullptr;
@@ -158,7 +161,7 @@ ssize_t Recv(Socket& s, std::unique_lock<std::mutex>& lk, void* buf, std::size_t
 ssize_t IoWrite(Socket& s, std::unique_lock<std::mutex>& lk, const void* buf, std::size_t count,
                 std::uint64_t offset, int flags);
 int Shutdown(Socket& s, std::unique_lock<std::mutex>& lk, int how);
-int Close(Socket& s, std::unique_lock<std::mutex>& lk);
+int Close(const std::shared_ptr<Socket>& s, std::unique_lock<std::mutex>& lk);
 void DestroySocket(Socket& s);
 
 // Polling: progress without blocking, the events ready now, and the

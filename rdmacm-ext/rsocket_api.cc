@@ -186,7 +186,8 @@ int SetOption(Socket& s, int level, int optname, const void* optval, socklen_t o
           return 0;
         case RDMA_IOMAPSIZE:
           // Rounded as the 8-bit scale of the connection data will carry it.
-          s.iomap_size = siwx::rs::wire::ScaleDecode(siwx::rs::wire::ScaleEncode(std::min(v, 0x7F00)));
+          s.iomap_size =
+              siwx::rs::wire::ScaleDecode(siwx::rs::wire::ScaleEncode(std::min(v, 0x7F00)));
           return 0;
         default:
           return ENOTSUP;
@@ -515,7 +516,7 @@ int rclose(int socket) {
     SocketPtr s = siwx::rs::Unregister(socket);
     if (s == nullptr) return Fail(EBADF);
     std::unique_lock lk(s->mu);
-    siwx::rs::Close(*s, lk);
+    siwx::rs::Close(s, lk);
     return 0;
   });
 }

@@ -119,8 +119,12 @@ inline bool DecodeConnData(const void* data, std::size_t len, ConnData* c) {
 
 // Table entries in the byte order of the end that owns the table: host
 // order, swapped when `swap` (the two ends differ in endianness).
-inline std::uint64_t MaybeSwap64(std::uint64_t v, bool swap) { return swap ? __builtin_bswap64(v) : v; }
-inline std::uint32_t MaybeSwap32(std::uint32_t v, bool swap) { return swap ? __builtin_bswap32(v) : v; }
+inline std::uint64_t MaybeSwap64(std::uint64_t v, bool swap) {
+  return swap ? __builtin_bswap64(v) : v;
+}
+inline std::uint32_t MaybeSwap32(std::uint32_t v, bool swap) {
+  return swap ? __builtin_bswap32(v) : v;
+}
 
 inline void EncodeSge(const Sge& s, bool swap, std::uint8_t out[kSgeSize]) {
   const std::uint64_t addr = MaybeSwap64(s.addr, swap);

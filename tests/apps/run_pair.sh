@@ -16,6 +16,12 @@
 #   pingpong-no-gid
 #   verbs-refused <program> <expected output line> [<expected siwx log line>]
 #   asyncwatch
+#   rstream [rstream flags...]      (rsockets; -C/-S/-T as rstream takes them)
+#   riostream [riostream flags...]
+#   rcopy <bytes>                   copies a file of <bytes> random octets
+#   rspreload <echo-program> <bytes> a plain TCP echo under LD_PRELOAD=librspreload
+#   rspreload-iperf3                iperf3 for 1 s under LD_PRELOAD=librspreload
+#   udpong                          datagram rsockets: must fail at once, clearly
 # Exit status: 0 pass, 1 fail, 77 skipped (e.g. no non-loopback address).
 set -u
 run=$1
@@ -382,9 +388,82 @@ refused)
 	echo "$*: refused at once (status $status):"
 	cat "$client_log"
 	;;
+rstream | riostream)
+	# The client prints one result row: name bytes xfers iters total time Gb/sec usec/xfer.
+	run_pair "$port" "$what" -p "$port" "$@" -- "$what" -s 127.0.0.1 -p "$port" "$@"
+	rows=$(awk '$1 == "custom" && NF == 8' "$client_log" | grep -c .)
+	[ "$rows" = 1 ] || fail "no result row from the client"
+	rows=$(awk '$1 == "custom" && NF == 8' "$server_log" | grep -c .)
+	[ "$rows" = 1 ] || fail "no result row from the server"
+	echo "$what $*:"
+	cat "$client_log"
+	;;
+rcopy)
+	# rcopy's server serves for ever: it is stopped once the copy is checked.
+	bytes=$1
+	dir=$(mktemp -d)
+	trap 'cleanup; rm -rf "$dir"' EXIT
+	head -c "$bytes" /dev/urandom >"$dir/source"
+	timeout -k 5 "$SIWX_APPS_TIMEOUT" "$run" -- rcopy -p "$port" >"$server_log" 2>&1 &
+	server_pid=$!
+	wait_listening "$port" || fail "rcopy server never listened on port $port"
+	timeout -k 5 "$SIWX_APPS_TIMEOUT" "$run" -- rcopy "$dir/source" "127.0.0.1:$dir/copy" \
+		-p "$port" >"$client_log" 2>&1 || fail "rcopy client exited with $?"
+	# The server writes the file before it answers the client's close.
+	cmp "$dir/source" "$dir/copy" || fail "the copy differs from the source"
+	grep -q "^$bytes bytes in" "$client_log" || fail "no transfer line from the client"
+	echo "rcopy of $bytes random bytes: identical"
+	cat "$client_log"
+	;;
+rspreload | rspreload-iperf3)
+	# librspreload turns a program's TCP sockets into rsockets; under
+	# siwx-run those run over siwx. The MPA lines of SIWX_LOG_LEVEL=info
+	# show that the connection really went over rsockets, not TCP.
+	preload=$(ls /usr/lib/*/rsocket/librspreload.so /usr/lib64/rsocket/librspreload.so \
+		2>/dev/null | head -1)
+	if [ -z "$preload" ]; then
+		echo "SKIP: librspreload.so not found (Debian: librdmacm1)"
+		exit 77
+	fi
+	SERVER_ENV=(LD_PRELOAD="$preload" SIWX_LOG_LEVEL=info)
+	CLIENT_ENV=(LD_PRELOAD="$preload" SIWX_LOG_LEVEL=info)
+	if [ "$what" = rspreload ]; then
+		echo_program=$1
+		bytes=$2
+		run_pair "$port" "$echo_program" server "$port" -- \
+			"$echo_program" client 127.0.0.1 "$port" "$bytes"
+		grep -q "^echo of $bytes bytes matched" "$client_log" || fail "echo did not match"
+	else
+		command -v iperf3 >/dev/null || { echo "SKIP: iperf3 not installed"; exit 77; }
+		run_pair "$port" iperf3 -s -1 -p "$port" -- iperf3 -c 127.0.0.1 -p "$port" -t 1
+		grep -q "receiver" "$client_log" || fail "no iperf3 summary"
+	fi
+	grep -q "connected as Initiator .*MPA" "$client_log" || fail "the client did not use rsockets"
+	grep -q "accepted as Responder .*MPA" "$server_log" || fail "the server did not use rsockets"
+	echo "$what over librspreload and siwx rsockets:"
+	grep -v '^siwx: info' "$client_log"
+	;;
+udpong)
+	# iWARP has no UD QPs: both ends must give up at once with the reason.
+	for side in "-s 127.0.0.1" ""; do
+		start=$(date +%s)
+		# shellcheck disable=SC2086
+		timeout -k 5 20 "$run" -- udpong $side -p "$port" >"$client_log" 2>&1
+		status=$?
+		[ "$status" -ne 0 ] || fail "udpong $side succeeded"
+		[ "$status" -ne 124 ] && [ "$status" -ne 137 ] || fail "udpong $side hung"
+		[ $(($(date +%s) - start)) -le 10 ] || fail "udpong $side took more than 10 s to fail"
+		grep -q "SOCK_DGRAM) need UD QPs, which iWARP does not have" "$client_log" ||
+			fail "udpong $side: no explanation"
+		grep -q "Operation not supported" "$client_log" || fail "udpong $side: no EOPNOTSUPP"
+	done
+	echo "udpong fails at once:"
+	cat "$client_log"
+	;;
 *)
 	echo "usage: $0 <siwx-run> rping|perftest|perftest-oob|pingpong|pingpong-no-gid|verbs-refused" \
-		"|asyncwatch|fi_pingpong|rdma_server|rdma_xserver|ucmatose|cmtime|refused args..." >&2
+		"|asyncwatch|fi_pingpong|rdma_server|rdma_xserver|ucmatose|cmtime|refused|rstream|riostream" \
+		"|rcopy|rspreload|rspreload-iperf3|udpong args..." >&2
 	exit 2
 	;;
 esac
