@@ -42,8 +42,11 @@
 // After an error nothing more is processed: what arrives is read and
 // dropped until the peer closes.
 //
-// Threading: the progress thread only; no lock of its own. It takes the QP's
-// queue_mutex_ briefly for the ORQ/IRQ and kicks the transmit side.
+// Threading: every method runs with the QP's rx_mutex_ held, by the
+// progress thread (socket readable, commands) or by an application thread
+// that polls one of the QP's CQs empty (Qp::DriveFromPoll, which only tries
+// the lock); no lock of its own. It takes the QP's queue_mutex_ briefly for
+// the ORQ/IRQ and kicks the transmit side (the gate, qp.h).
 #pragma once
 
 #include <sys/uio.h>
