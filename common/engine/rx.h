@@ -10,8 +10,9 @@
 // walks every FPDU in it, and each payload piece is copied into its target,
 // so MTU-sized FPDUs (what every non-siwx peer sends) cost a fraction of a
 // system call each. A payload demand of at least kDirectPlacementMin octets
-// (12 KiB, where the copy starts to cost more than the call it saves) is
-// instead received straight into its target with one recvmsg, whose iovec
+// (12 KiB, where the copy starts to cost more than the call it saves), and
+// the rest of any payload that large, is instead received straight into
+// its target with one recvmsg, whose iovec
 // is the target range(s) of exactly the demanded octets plus a small
 // staging tail for the next FPDU's trailer and header
 // (docs/performance-notes.md 2). Nothing is ever read into a target beyond
