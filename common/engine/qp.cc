@@ -301,7 +301,8 @@ PostStatus Qp::PostRecv(const ReceiveWorkRequest& wr) {
   const PostStatus status = own_rq_->Post(wr);
   if (status != PostStatus::kOk) return status;
   // In ERR the WR completes with WrFlushErr; receive completions are pushed
-  // on the progress thread only, which keeps them in order. Checked after
+  // only by the holder of rx_mutex_, which keeps them in order, so the
+  // flush is the progress thread's (FlushReceives takes it). Checked after
   // the post so a concurrent finalization cannot strand it.
   if (state_.state() == QpState::kError) {
     engine_->Submit({Engine::CommandKind::kFlushReceives, shared_from_this(), 0});
@@ -646,7 +647,10 @@ void Qp::Attach() {
     engine_->ScheduleTimer(shared_from_this(), *first_fpdu_deadline_);
   }
   if (!driven_) {
+    // Both CQs: the application thread that polls either one gives this
+    // QP's receive (and transmit) side a turn (DriveFromPoll).
     config_.recv_cq->AddDriver(this);
+    config_.send_cq->AddDriver(this);
     driven_ = true;
   }
   if (add_error != 0) {
@@ -780,8 +784,9 @@ void Qp::Detach() {
   }
   if (driven_) {
     // Waits for a poll that is inside DriveFromPoll; after this no
-    // application thread reaches the QP through its receive CQ.
+    // application thread reaches the QP through its CQs.
     config_.recv_cq->RemoveDriver(this);
+    config_.send_cq->RemoveDriver(this);
     driven_ = false;
   }
   std::lock_guard lock(queue_mutex_);
@@ -862,15 +867,26 @@ void Qp::DriveFromPoll(const CompletionQueue& polled) {
       engine_->OnProgressThread() || !ProcessesInbound(state_.state())) {
     return;
   }
-  // Only receives complete through this turn. Read Responses (send CQ) are
-  // left to the progress thread: driving them from ib_read_lat's poll loop
-  // measured slower at 2 B (median 18.8 us against 13.6 us without).
-  if (&polled != config_.recv_cq || rq_->size() == 0) return;
+  const bool send_cq = &polled == config_.send_cq;
+  // Send and Write WRs complete once TCP took them: when the transmit side
+  // waits for room in the socket, try again here instead of waiting for
+  // the progress thread to be woken by the socket's writability.
+  if (send_cq && tx_waits_for_room_.load(std::memory_order_acquire)) KickTx();
+  // Receive work completes on `polled` only for an inbound Send (receive
+  // CQ, a receive posted) or the last Read Response of one of our Reads
+  // (send CQ); otherwise an empty poll costs no recvmsg.
+  const bool receives = &polled == config_.recv_cq && rq_->size() > 0;
+  if (!receives && !(send_cq && ReadsOutstanding())) return;
   std::unique_lock rx_lock(rx_mutex_, std::try_to_lock);
   if (!rx_lock.owns_lock() || !attached_ || finalized_ || detached_ || !stream_) return;
   tls_rx_driver = this;
   rx_.OnReadable(*stream_);
   tls_rx_driver = nullptr;
+}
+
+bool Qp::ReadsOutstanding() const {
+  std::lock_guard lock(queue_mutex_);
+  return orq_ && !orq_->empty();
 }
 
 bool Qp::SetWriteInterest(bool want) {
@@ -879,6 +895,7 @@ bool Qp::SetWriteInterest(bool want) {
   if (want_write_ != want) {
     if (engine_->poller().Modify(poll_fd_, this, !read_closed_, want) != 0) return false;
     want_write_ = want;
+    tx_waits_for_room_.store(want, std::memory_order_release);
   }
   return true;
 }
@@ -896,6 +913,7 @@ void Qp::StopPolling() {
   engine_->poller().Remove(poll_fd_);
   polled_ = false;
   want_write_ = false;
+  tx_waits_for_room_.store(false, std::memory_order_release);
 }
 
 void Qp::EmitEvent(AsyncEventType type) { engine_->Emit(AsyncEvent{type, qp_num_}); }

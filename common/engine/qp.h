@@ -32,15 +32,21 @@
 //    Error and every WR is flushed. So a peer that stops reading, or
 //    vanishes, never pins a QP.
 //
-// Threading. Three kinds of threads touch a QP:
+// Threading. Two kinds of threads touch a QP, and which one runs a piece of
+// work is decided by two locks, not by the thread:
 //  - application threads: posts, Modify, Query, Bind, Disconnect, Destroy;
-//  - the engine's progress thread: receive processing (QpRx), the commands
-//    below, and transmit when the socket becomes writable;
-//  - whichever thread currently owns the transmit gate (QpTx): an
-//    application thread posting inline, or the progress thread;
-//  - whichever thread holds the receive lock (`rx_mutex_`, QpRx): the
-//    progress thread, or an application thread polling the QP's receive CQ
-//    empty (DriveFromPoll), which only tries the lock.
+//    and, when they can take it, the QP's transmit and receive work
+//    (run-to-completion, so a busy-polling application needs no second
+//    runnable thread): PostSend transmits inline, and polling either CQ
+//    empty gives the QP a turn (DriveFromPoll);
+//  - the engine's progress thread: the commands below (attach, finalize,
+//    detach, flush), the timers, and the fallback for all of the above: it
+//    blocks in epoll_wait and receives when the socket is readable, and
+//    transmits when it is writable, for applications that do not poll
+//    (the passive side of ib_write_bw) or that sleep in a blocking wait.
+// The transmit side (QpTx) runs in whichever thread owns the transmit gate
+// (`tx_gate_`); the receive side (QpRx) in whichever holds `rx_mutex_`,
+// which the progress thread takes and application threads only try.
 // The transmit gate (`tx_gate_`) is a counter: the thread that moves it from
 // 0 owns the transmit side and runs QpTx::Pump until no kick is left; a
 // thread that finds it non-zero only adds its kick and returns, and the
@@ -250,13 +256,19 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   // Lets the caller (e.g. poll_cq) give the transmit side a turn.
   void ProgressSend() { KickTx(); }
 
-  // One receive turn on the calling application thread, called by a CQ
-  // this QP completes work on when it is polled empty (PollWithProgress):
-  // reads what the socket holds and completes it here, without waiting for
-  // the progress thread to be scheduled. Only for the QP's receive CQ with a
-  // receive posted (an inbound Send can complete), so a poll loop that waits
-  // for send completions costs no recvmsg. Does nothing when another thread
-  // is in the receive side, on the progress thread, or outside RTS.
+  // A turn of this QP's work on the calling application thread, called by
+  // either of its CQs when polled empty (PollWithProgress), so that a
+  // busy-polling application completes its own work without waiting for
+  // the progress thread to be scheduled:
+  //  - receive CQ with a receive posted: the receive side reads what the
+  //    socket holds (an inbound Send can complete);
+  //  - send CQ with a Read outstanding: the same (its Read Response);
+  //  - send CQ while the transmit side waits for room in the socket: a
+  //    transmit turn (Sends and Writes complete once TCP took them).
+  // Otherwise an empty poll costs no system call. The receive turn only
+  // tries rx_mutex_ and the transmit turn goes through the gate, so nothing
+  // is processed twice; does nothing on the progress thread, inside a
+  // receive turn (callbacks), or outside RTS.
   void DriveFromPoll(const CompletionQueue& polled) override;
 
  private:
@@ -367,6 +379,8 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   // writability; Finalize removes it.
   bool SetWriteInterest(bool want);
   void StopPolling();
+  // A Read of ours waits for its response (the ORQ is not empty).
+  bool ReadsOutstanding() const;
   void StopReading();
 
   void EmitEvent(AsyncEventType type);
@@ -418,6 +432,9 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   bool want_write_ = false;   // guarded by poll_mutex_
   bool read_closed_ = false;  // guarded by poll_mutex_
   int poll_fd_ = -1;          // guarded by poll_mutex_
+  // want_write_, for DriveFromPoll without poll_mutex_: the transmit side
+  // stopped at a full socket and waits for it to drain.
+  std::atomic<bool> tx_waits_for_room_{false};  // written under poll_mutex_
 
   // Owned by the transmit-gate holder. `stream_` is set and reset only on the
   // progress thread while it holds the gate exclusively, so the gate holder
@@ -448,8 +465,8 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   // (SIWX_STATS=off, no slot left). Taken at creation, freed in ~Qp.
   stats::QpSlot* const stats_slot_ = stats::StatsFile::AcquireForProcess(qp_num_);
 
-  // Counters: single writer each (gate holder for tx_*, progress thread for
-  // rx_*), relaxed atomics so readers need no lock. They live in the stats
+  // Counters: single writer each (the transmit gate's owner for tx_*, the
+  // rx_mutex_ holder for rx_*), relaxed atomics so readers need no lock. They live in the stats
   // slot when there is one, so `siwx stat` reads them with no extra work on
   // the data path.
   using AtomicCounters = stats::QpCounterBlock;

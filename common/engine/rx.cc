@@ -145,8 +145,15 @@ void QpRx::OnReadable(transport::TcpStream& stream) {
     if (socket_drained_) break;
     const mpa::RxDemand demand = parser_->Demand();
     if (demand.kind == mpa::RxDemand::Kind::kFailed) break;
+    // Large payloads go straight into their targets: a demand that is
+    // large, or the rest of a large FPDU's payload (after a staged read or
+    // a short direct one ended inside it), so that a stream of large FPDUs
+    // stays at one recvmsg per FPDU and no copy. With markers every demand
+    // stops at the next marker (at most 512 octets apart): staged.
+    const bool large_fpdu = !params_.rx_markers && payload_length_ >= kDirectPlacementMin;
     const bool direct = demand.kind == mpa::RxDemand::Kind::kPayload &&
-                        segment_ != Segment::kTerminate && demand.length >= kDirectPlacementMin;
+                        segment_ != Segment::kTerminate &&
+                        (demand.length >= kDirectPlacementMin || large_fpdu);
     const ReadOutcome outcome =
         direct ? ReadPayloadDirect(stream, demand) : ReadIntoStaging(stream);
     ++reads;

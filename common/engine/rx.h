@@ -10,8 +10,9 @@
 // walks every FPDU in it, and each payload piece is copied into its target,
 // so MTU-sized FPDUs (what every non-siwx peer sends) cost a fraction of a
 // system call each. A payload demand of at least kDirectPlacementMin octets
-// (12 KiB, where the copy starts to cost more than the call it saves) is
-// instead received straight into its target with one recvmsg, whose iovec
+// (12 KiB, where the copy starts to cost more than the call it saves), and
+// the rest of any payload that large, is instead received straight into
+// its target with one recvmsg, whose iovec
 // is the target range(s) of exactly the demanded octets plus a small
 // staging tail for the next FPDU's trailer and header
 // (docs/performance-notes.md 2). Nothing is ever read into a target beyond
@@ -42,8 +43,11 @@
 // After an error nothing more is processed: what arrives is read and
 // dropped until the peer closes.
 //
-// Threading: the progress thread only; no lock of its own. It takes the QP's
-// queue_mutex_ briefly for the ORQ/IRQ and kicks the transmit side.
+// Threading: every method runs with the QP's rx_mutex_ held, by the
+// progress thread (socket readable, commands) or by an application thread
+// that polls one of the QP's CQs empty (Qp::DriveFromPoll, which only tries
+// the lock); no lock of its own. It takes the QP's queue_mutex_ briefly for
+// the ORQ/IRQ and kicks the transmit side (the gate, qp.h).
 #pragma once
 
 #include <sys/uio.h>
