@@ -466,9 +466,9 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   stats::QpSlot* const stats_slot_ = stats::StatsFile::AcquireForProcess(qp_num_);
 
   // Counters: single writer each (the transmit gate's owner for tx_*, the
-  // rx_mutex_ holder for rx_*), relaxed atomics so readers need no lock. They live in the stats
-  // slot when there is one, so `siwx stat` reads them with no extra work on
-  // the data path.
+  // rx_mutex_ holder for rx_*), relaxed atomics so readers need no lock.
+  // They live in the stats slot when there is one, so `siwx stat` reads
+  // them with no extra work on the data path.
   using AtomicCounters = stats::QpCounterBlock;
   AtomicCounters own_counters_;
   AtomicCounters& counters_ = stats_slot_ != nullptr ? stats_slot_->counters : own_counters_;
