@@ -126,7 +126,7 @@ IoResult PeekSome(int fd, MutableByteSpan into) {
   return {IoStatus::kError, 0, errno};
 }
 
-int Discard(int fd, std::size_t count) {
+int DiscardPeeked(int fd, std::size_t count) {
   std::uint8_t sink[512];
   while (count > 0) {
     const ssize_t n = ::recv(fd, sink, std::min(count, sizeof(sink)), 0);

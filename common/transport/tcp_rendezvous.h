@@ -43,7 +43,7 @@ int WaitWritable(int fd, int timeout_ms);
 // stream in the socket.
 IoResult PeekSome(int fd, MutableByteSpan into);
 // Consumes `count` octets already peeked.
-int Discard(int fd, std::size_t count);
+int DiscardPeeked(int fd, std::size_t count);
 // Writes all of `data` within timeout_ms: 0, ETIMEDOUT or the send errno.
 int WriteAll(int fd, ByteSpan data, int timeout_ms);
 

@@ -375,7 +375,7 @@ int RunMpa(int fd, mpa::MpaNegotiator& n, std::vector<std::uint8_t> private_data
     }
     const std::size_t used = n.Feed(Now(), ByteSpan(buffer.data(), r.bytes));
     if (used > 0) {
-      if (int error = transport::Discard(fd, used); error != 0) {
+      if (int error = transport::DiscardPeeked(fd, used); error != 0) {
         *why = std::string("reading the MPA frame failed: ") + std::strerror(error);
         return error;
       }

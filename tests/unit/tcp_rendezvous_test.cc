@@ -47,7 +47,7 @@ TEST(TcpRendezvousTest, PeekLeavesOctetsAndDiscardTakesExactly) {
   ASSERT_EQ(r.bytes, 6u);
   r = PeekSome(server, buffer);  // still there
   ASSERT_EQ(r.bytes, 6u);
-  ASSERT_EQ(Discard(server, 4), 0);
+  ASSERT_EQ(DiscardPeeked(server, 4), 0);
   r = PeekSome(server, buffer);
   ASSERT_EQ(r.status, IoStatus::kOk);
   ASSERT_EQ(r.bytes, 2u);
@@ -55,7 +55,7 @@ TEST(TcpRendezvousTest, PeekLeavesOctetsAndDiscardTakesExactly) {
   EXPECT_EQ(buffer[1], 6);
 
   CloseFd(client);
-  ASSERT_EQ(Discard(server, 2), 0);
+  ASSERT_EQ(DiscardPeeked(server, 2), 0);
   ASSERT_EQ(WaitReadable(server, 5000), 0);
   EXPECT_EQ(PeekSome(server, buffer).status, IoStatus::kClosed);
   CloseFd(server);
