@@ -46,6 +46,15 @@ IoResult FromCount(ssize_t n, bool read_side) {
   return r;
 }
 
+// One non-blocking recv, retried on EINTR.
+IoResult RecvOnce(int fd, void* into, std::size_t len, int flags) {
+  ssize_t n;
+  do {
+    n = recv(fd, into, len, flags | MSG_DONTWAIT);
+  } while (n < 0 && errno == EINTR);
+  return FromCount(n, true);
+}
+
 }  // namespace
 
 std::optional<SockAddr> SockAddr::From(const sockaddr* addr) {
@@ -245,11 +254,7 @@ void TraceIo(int fd, int direction, const std::uint8_t* data, std::size_t n) {
 void SetStartupIoTap(StartupIoTap tap) { startup_io_tap.store(tap, std::memory_order_release); }
 
 IoResult Peek(int fd, MutableByteSpan into) {
-  ssize_t n;
-  do {
-    n = recv(fd, into.data(), into.size(), MSG_PEEK | MSG_DONTWAIT);
-  } while (n < 0 && errno == EINTR);
-  return FromCount(n, true);
+  return RecvOnce(fd, into.data(), into.size(), MSG_PEEK);
 }
 
 IoResult Discard(int fd, std::size_t n) {
@@ -257,11 +262,7 @@ IoResult Discard(int fd, std::size_t n) {
   IoResult total;
   while (total.bytes < n) {
     const std::size_t want = std::min(scratch.size(), n - total.bytes);
-    ssize_t got;
-    do {
-      got = recv(fd, scratch.data(), want, MSG_DONTWAIT);
-    } while (got < 0 && errno == EINTR);
-    const IoResult r = FromCount(got, true);
+    const IoResult r = RecvOnce(fd, scratch.data(), want, 0);
     TraceIo(fd, 1, scratch.data(), r.bytes);
     if (r.status != IoStatus::kOk) {
       total.status = r.status;
@@ -277,11 +278,7 @@ IoResult DrainInput(int fd) {
   std::array<std::uint8_t, 4096> scratch;
   IoResult total;
   for (;;) {
-    ssize_t got;
-    do {
-      got = recv(fd, scratch.data(), scratch.size(), MSG_DONTWAIT);
-    } while (got < 0 && errno == EINTR);
-    const IoResult r = FromCount(got, true);
+    const IoResult r = RecvOnce(fd, scratch.data(), scratch.size(), 0);
     TraceIo(fd, 1, scratch.data(), r.bytes);
     if (r.status != IoStatus::kOk) {
       total.status = r.status;
