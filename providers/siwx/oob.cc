@@ -90,9 +90,10 @@ std::optional<PrivateData> DecodePrivateData(const std::vector<std::uint8_t>& in
   return pd;
 }
 
-// SIWX_OOB_PORT and SIWX_OOB_TIMEOUT_MS (docs/settings.txt), read once.
-std::uint16_t ConfiguredPort() {
-  static const std::uint16_t port = [] {
+// SIWX_OOB_PORT and SIWX_OOB_TIMEOUT_MS (docs/settings.txt), read once,
+// when the provider is loaded (before any of our threads exist).
+std::uint16_t ReadPort() {
+  return [] {
     const char* value = std::getenv("SIWX_OOB_PORT");
     if (value == nullptr || value[0] == '\0') return std::uint16_t{0};
     unsigned n = 0;
@@ -105,11 +106,10 @@ std::uint16_t ConfiguredPort() {
     }
     return static_cast<std::uint16_t>(n);
   }();
-  return port;
 }
 
-int TimeoutMs() {
-  static const int ms = [] {
+int ReadTimeoutMs() {
+  return [] {
     constexpr int kDefault = 30000;
     const char* value = std::getenv("SIWX_OOB_TIMEOUT_MS");
     if (value == nullptr || value[0] == '\0') return kDefault;
@@ -123,8 +123,13 @@ int TimeoutMs() {
     }
     return n;
   }();
-  return ms;
 }
+
+const std::uint16_t g_configured_port = ReadPort();
+const int g_timeout_ms = ReadTimeoutMs();
+
+std::uint16_t ConfiguredPort() { return g_configured_port; }
+int TimeoutMs() { return g_timeout_ms; }
 
 std::string EndpointText(const Endpoint& e) {
   char address[INET_ADDRSTRLEN] = "?";

@@ -83,23 +83,26 @@ TEST(EngineOobTest, IbTeardownDeliversTheLastMessageAndKeepsReceives) {
   Node b;
   a->qp->UseIbTeardown();
   b.qp->UseIbTeardown();
-  Buffer src(kMsg);
-  src.Fill(7);
-  const std::uint32_t src_key = src.Register(a->memory(), a->pd, AccessFlags::kLocalWrite);
+  // Registered in a's engine: freed before a goes.
+  auto src = std::make_unique<Buffer>(kMsg);
+  src->Fill(7);
+  const std::vector<std::uint8_t> sent(src->data(), src->data() + kMsg);
+  const std::uint32_t src_key = src->Register(a->memory(), a->pd, AccessFlags::kLocalWrite);
   Buffer dst0(kMsg);
   Buffer dst1(kMsg);
   PostRecv(b, 20, dst0, dst0.Register(b.memory(), b.pd, AccessFlags::kLocalWrite));
   PostRecv(b, 21, dst1, dst1.Register(b.memory(), b.pd, AccessFlags::kLocalWrite));
   Link(*a, b, Transport::kTcp, {});
-  ASSERT_EQ(a->qp->PostSend(SendOf(1, src, src_key)), PostStatus::kOk);
+  ASSERT_EQ(a->qp->PostSend(SendOf(1, *src, src_key)), PostStatus::kOk);
   ASSERT_EQ(WaitCompletions(*a->send_cq, 1).size(), 1u);
+  src.reset();
   a.reset();  // Destroy, then the engine goes
 
   const std::vector<WorkCompletion> got = WaitCompletions(*b.recv_cq, 1);
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].wr_id, 20u);
   EXPECT_EQ(got[0].status, WcStatus::kSuccess);
-  EXPECT_TRUE(SameBytes(dst0.data(), src.data(), kMsg));
+  EXPECT_TRUE(SameBytes(dst0.data(), sent.data(), kMsg));
   // The orderly close ends the stream: the QP goes to ERR without a fatal
   // event, and receive 21 is kept.
   const Clock::time_point deadline = Clock::now() + kWait;
