@@ -42,7 +42,7 @@ constexpr const char* kUsage =
     "          parameters, FPDUs and octets each way, Terminates, TCP retransmits,\n"
     "          completion errors; only the process PID when given\n"
     "\n"
-    "See siwx(1) and siwx(7).\n";
+    "See siwx(7).\n";
 
 int Devices() {
   const std::optional<std::vector<shim::Netdev>> netdevs = shim::DiscoverNetdevs();

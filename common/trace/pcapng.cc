@@ -121,7 +121,8 @@ std::vector<std::uint8_t> BuildTcpFrame(const TcpSegment& s) {
     pseudo = SumWords(ip + 12, 8, 0);
   }
   pseudo += IPPROTO_TCP;
-  pseudo += static_cast<std::uint32_t>(tcp_length & 0xFFFF) + static_cast<std::uint32_t>(tcp_length >> 16);
+  pseudo += static_cast<std::uint32_t>(tcp_length & 0xFFFF) +
+            static_cast<std::uint32_t>(tcp_length >> 16);
 
   Be16(tcp, s.source.port);
   Be16(tcp + 2, s.destination.port);

@@ -73,8 +73,8 @@ std::size_t CompleteFpduLength(ByteSpan data, bool markers, std::uint64_t grid_o
     // Octets up to the next marker position, or what is left.
     std::size_t run = left;
     if (markers) {
-      const std::size_t to_marker =
-          mpa::kMarkerInterval - static_cast<std::size_t>((grid_offset + wire) % mpa::kMarkerInterval);
+      const auto position = static_cast<std::size_t>((grid_offset + wire) % mpa::kMarkerInterval);
+      const std::size_t to_marker = mpa::kMarkerInterval - position;
       if (to_marker < run) run = to_marker;
     }
     wire += run;
@@ -241,7 +241,8 @@ void Tracer::EmitUnits(Connection& c, Direction d, std::vector<std::uint8_t>* ou
     EmitPacket(c, d, rest.first(unit), kTcpAck | kTcpPsh, out);
     used += unit;
   }
-  half.pending.erase(half.pending.begin(), half.pending.begin() + static_cast<std::ptrdiff_t>(used));
+  half.pending.erase(half.pending.begin(),
+                     half.pending.begin() + static_cast<std::ptrdiff_t>(used));
 }
 
 void Tracer::EmitPacket(Connection& c, Direction d, ByteSpan payload, std::uint8_t flags,

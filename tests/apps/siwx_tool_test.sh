@@ -94,7 +94,8 @@ stat)
 		sleep 0.1
 	done
 	cp "$work/stat.out" "$work/stat.log"
-	[ -n "$ok" ] || fail "siwx stat $app never showed an RTS QP to port $port with MPA v2 and octets sent"
+	[ -n "$ok" ] ||
+		fail "siwx stat $app never showed an RTS QP to port $port with MPA v2 and octets sent"
 	grep -q "^    tcp: [0-9]* retransmits" "$work/stat.out" ||
 		fail "siwx stat shows no TCP retransmit count"
 	grep -q "^    completions: 0 errors" "$work/stat.out" || fail "completion errors reported"
@@ -102,7 +103,8 @@ stat)
 	cat "$work/stat.out"
 	# The whole-machine listing shows both ends; a bad pid is a clear error.
 	"$siwx" stat >"$work/all.out" || fail "siwx stat failed"
-	[ "$(grep -c '^process [0-9]* (ib_write_bw)' "$work/all.out")" -ge 2 ] ||
+	n=$(grep -c '^process [0-9]* (ib_write_bw)' "$work/all.out")
+	[ "$n" -ge 2 ] ||
 		fail "siwx stat does not list both ib_write_bw processes"
 	if "$siwx" stat 999999999 >/dev/null 2>"$work/bad.err"; then
 		fail "siwx stat of a nonexistent process succeeded"
@@ -125,12 +127,15 @@ trace)
 	wait "$server" || fail "rping server failed"
 	pids=()
 	files=("$work"/trace-*.pcapng)
-	[ ${#files[@]} -eq 2 ] && [ -s "${files[0]}" ] || fail "expected two trace files, got: ${files[*]}"
+	[ ${#files[@]} -eq 2 ] && [ -s "${files[0]}" ] ||
+		fail "expected two trace files, got: ${files[*]}"
 	for f in "${files[@]}"; do
 		tshark -r "$f" >"$work/decode.txt" 2>"$work/tshark.err" || fail "tshark cannot read $f"
 		echo "$(basename "$f"): $(wc -l <"$work/decode.txt") packets"
-		[ "$(tshark -r "$f" -Y iwarp_mpa.req 2>/dev/null | wc -l)" -eq 1 ] || fail "$f: no single MPA Request"
-		[ "$(tshark -r "$f" -Y iwarp_mpa.rep 2>/dev/null | wc -l)" -eq 1 ] || fail "$f: no single MPA Reply"
+		n=$(tshark -r "$f" -Y iwarp_mpa.req 2>/dev/null | wc -l)
+		[ "$n" -eq 1 ] || fail "$f: $n MPA Requests, expected one"
+		n=$(tshark -r "$f" -Y iwarp_mpa.rep 2>/dev/null | wc -l)
+		[ "$n" -eq 1 ] || fail "$f: $n MPA Replies, expected one"
 		# RDMAP opcodes (RFC 5040 4.3): 0 Write, 1 Read Request, 2 Read Response, 3 Send.
 		ops=$(tshark -r "$f" -T fields -e iwarp_rdma.opcode 2>/dev/null | sort -u | tr '\n' ' ')
 		for op in 0x00 0x01 0x02 0x03; do

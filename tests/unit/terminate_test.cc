@@ -685,5 +685,6 @@ TEST(TerminateDescribe, NamesLayerTypeAndCode) {
             "DDP / Tagged Buffer Error / Invalid STag (layer 1, type 1, code 0x00)");
   const siwx::rdmap::TerminateCause odd{0xF, 0xE, 0x77};
   EXPECT_EQ(siwx::rdmap::DescribeTerminateCause(odd),
-            "unknown layer / unknown error type / unknown error code (layer 15, type 14, code 0x77)");
+            "unknown layer / unknown error type / unknown error code "
+            "(layer 15, type 14, code 0x77)");
 }
