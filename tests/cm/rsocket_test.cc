@@ -397,6 +397,52 @@ TEST_F(Rsocket, IomapAndIowrite) {
   EXPECT_EQ(riounmap(server_, target.data(), target.size()), -1);
 }
 
+// riostream's pattern: the writer closes right after its last riowrite, the
+// reader makes no rsocket call, it only watches its mapped memory. Closing
+// must not reset the connection before the reader's engine took the data
+// (it did about once in ten runs when rclose destroyed the QP at once).
+TEST_F(Rsocket, IowriteThenCloseReachesAPeerThatOnlyWatchesMemory) {
+  for (int round = 0; round < 5; ++round) {
+    SCOPED_TRACE(round);
+    Listen();
+    const int one = 1;
+    ASSERT_EQ(rsetsockopt(listener_, SOL_RDMA, RDMA_IOMAPSIZE, &one, sizeof(one)), 0);
+    std::thread t([&] { server_ = raccept(listener_, nullptr, nullptr); });
+    client_ = rsocket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_EQ(rsetsockopt(client_, SOL_RDMA, RDMA_IOMAPSIZE, &one, sizeof(one)), 0);
+    const sockaddr_in a = ServerAddr();
+    ASSERT_EQ(rconnect(client_, reinterpret_cast<const sockaddr*>(&a), sizeof(a)), 0);
+    t.join();
+    ASSERT_GE(server_, 0);
+    constexpr std::size_t kSize = 256 * 1024;
+    Bytes buffer(kSize, 0);
+    volatile std::uint8_t* target = buffer.data();  // written behind the compiler's back
+    ASSERT_EQ(riomap(server_, buffer.data(), kSize, PROT_WRITE, 0, 0), 0);
+    ASSERT_TRUE(SendAll(server_, reinterpret_cast<const std::uint8_t*>("m"), 1));
+    std::uint8_t m;
+    ASSERT_TRUE(RecvAll(client_, &m, 1));
+    Bytes data = Pattern(kSize, 20 + static_cast<std::uint32_t>(round));
+    data[kSize - 1] = 0xA5;  // the marker, written last
+    for (std::size_t off = 0; off < kSize;) {
+      const auto n = static_cast<ssize_t>(riowrite(client_, data.data() + off, kSize - off,
+                                                   static_cast<off_t>(off), 0));
+      ASSERT_GT(n, 0) << strerror(errno);
+      off += static_cast<std::size_t>(n);
+    }
+    ASSERT_EQ(rclose(client_), 0);
+    client_ = -1;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (target[kSize - 1] != 0xA5 && std::chrono::steady_clock::now() < deadline) {
+    }
+    ASSERT_EQ(target[kSize - 1], 0xA5) << "the last riowrite never arrived";
+    for (std::size_t i = 0; i < kSize; ++i) ASSERT_EQ(target[i], data[i]) << "octet " << i;
+    rclose(server_);
+    server_ = -1;
+    rclose(listener_);
+    listener_ = -1;
+  }
+}
+
 TEST_F(Rsocket, RefusedAndUnsupportedCallsFailCleanly) {
   EXPECT_EQ(rsocket(AF_INET, SOCK_DGRAM, 0), -1);
   EXPECT_EQ(errno, EOPNOTSUPP);
