@@ -30,6 +30,26 @@
 
 extern char** environ;
 
+// Memory a peer writes by RDMA with no completion to synchronize on (the
+// riostream pattern): ThreadSanitizer cannot see the order the protocol gives
+// it, so the test's reads of it are hidden from it.
+#if defined(__SANITIZE_THREAD__)
+#define RS_TEST_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define RS_TEST_TSAN 1
+#endif
+#endif
+#ifdef RS_TEST_TSAN
+extern "C" void AnnotateIgnoreReadsBegin(const char* file, int line);
+extern "C" void AnnotateIgnoreReadsEnd(const char* file, int line);
+#define RS_TEST_IGNORE_READS_BEGIN() AnnotateIgnoreReadsBegin(__FILE__, __LINE__)
+#define RS_TEST_IGNORE_READS_END() AnnotateIgnoreReadsEnd(__FILE__, __LINE__)
+#else
+#define RS_TEST_IGNORE_READS_BEGIN() (void)0
+#define RS_TEST_IGNORE_READS_END() (void)0
+#endif
+
 namespace {
 
 namespace wire = siwx::rs::wire;
@@ -432,10 +452,17 @@ TEST_F(Rsocket, IowriteThenCloseReachesAPeerThatOnlyWatchesMemory) {
     ASSERT_EQ(rclose(client_), 0);
     client_ = -1;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    RS_TEST_IGNORE_READS_BEGIN();
     while (target[kSize - 1] != 0xA5 && std::chrono::steady_clock::now() < deadline) {
     }
-    ASSERT_EQ(target[kSize - 1], 0xA5) << "the last riowrite never arrived";
-    for (std::size_t i = 0; i < kSize; ++i) ASSERT_EQ(target[i], data[i]) << "octet " << i;
+    const bool arrived = target[kSize - 1] == 0xA5;
+    std::size_t first_bad = kSize;
+    for (std::size_t i = 0; i < kSize && first_bad == kSize; ++i) {
+      if (target[i] != data[i]) first_bad = i;
+    }
+    RS_TEST_IGNORE_READS_END();
+    ASSERT_TRUE(arrived) << "the last riowrite never arrived";
+    EXPECT_EQ(first_bad, kSize) << "the mapped memory differs from what was written";
     rclose(server_);
     server_ = -1;
     rclose(listener_);
