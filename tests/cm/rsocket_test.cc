@@ -470,6 +470,46 @@ TEST_F(Rsocket, IowriteThenCloseReachesAPeerThatOnlyWatchesMemory) {
   }
 }
 
+// More clients at once than the listener's backlog: each is served, each
+// connection carries its own data.
+TEST_F(Rsocket, ListenerServesMoreClientsThanItsBacklog) {
+  listener_ = rsocket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener_, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(rbind(listener_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(rlisten(listener_, 2), 0);
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(rgetsockname(listener_, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  constexpr int kClients = 6;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> clients;
+  for (int c = 0; c < kClients; ++c) {
+    clients.emplace_back([&, c] {
+      const int fd = rsocket(AF_INET, SOCK_STREAM, 0);
+      std::uint8_t id = static_cast<std::uint8_t>(c);
+      std::uint8_t echo = 0xFF;
+      if (fd < 0 || rconnect(fd, reinterpret_cast<const sockaddr*>(&a), sizeof(a)) != 0 ||
+          !SendAll(fd, &id, 1) || !RecvAll(fd, &echo, 1) || echo != id + 100) {
+        ++failures;
+      }
+      if (fd >= 0) rclose(fd);
+    });
+  }
+  for (int c = 0; c < kClients; ++c) {
+    const int fd = raccept(listener_, nullptr, nullptr);
+    ASSERT_GE(fd, 0) << strerror(errno);
+    std::uint8_t id;
+    ASSERT_TRUE(RecvAll(fd, &id, 1));
+    const std::uint8_t reply = static_cast<std::uint8_t>(id + 100);
+    ASSERT_TRUE(SendAll(fd, &reply, 1));
+    rclose(fd);
+  }
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
 TEST_F(Rsocket, RefusedAndUnsupportedCallsFailCleanly) {
   EXPECT_EQ(rsocket(AF_INET, SOCK_DGRAM, 0), -1);
   EXPECT_EQ(errno, EOPNOTSUPP);
