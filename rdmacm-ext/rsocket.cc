@@ -1085,9 +1085,8 @@ ssize_t Recv(Socket& s, std::unique_lock<std::mutex>& lk, void* buf, std::size_t
   int err = 0;
   do {
     if (s.rmsg.empty()) {
-      // MSG_WAITALL after some data: keep waiting, even on a non-blocking socket.
-      err = WaitUntil(s, lk, nonblock && copied == 0,
-                      [&] { return !s.rmsg.empty() || !s.readable; }, -1);
+      // Non-blocking with MSG_WAITALL: what is there (as Linux TCP).
+      err = WaitUntil(s, lk, nonblock, [&] { return !s.rmsg.empty() || !s.readable; }, -1);
       if (err != 0) break;
     }
     if (flags & MSG_PEEK) {
