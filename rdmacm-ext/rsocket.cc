@@ -501,7 +501,10 @@ bool ProcessListenEvents(Socket& l) {
   if (l.channel == nullptr) return false;
   bool changed = false;
   rdma_cm_event* ev = nullptr;
-  while (rdma_get_cm_event(l.channel, &ev) == 0) {
+  // Accepted connections the application has not taken yet count against
+  // the backlog; beyond it requests wait in the CM (and its backlog applies).
+  while (l.accept_queue.size() < static_cast<std::size_t>(l.backlog) &&
+         rdma_get_cm_event(l.channel, &ev) == 0) {
     changed = true;
     if (ev->event != RDMA_CM_EVENT_CONNECT_REQUEST) {
       rdma_ack_cm_event(ev);
@@ -813,7 +816,8 @@ int Listen(Socket& s, int backlog) {
     if (rdma_bind_addr(s.id, reinterpret_cast<sockaddr*>(&any)) != 0) return errno;
     s.bound = true;
   }
-  if (rdma_listen(s.id, backlog > 0 ? backlog : 128) != 0) return errno;
+  s.backlog = backlog > 0 ? std::min(backlog, 4096) : 128;
+  if (rdma_listen(s.id, s.backlog) != 0) return errno;
   s.phase = Phase::kListening;
   return 0;
 }
@@ -1081,9 +1085,8 @@ ssize_t Recv(Socket& s, std::unique_lock<std::mutex>& lk, void* buf, std::size_t
   int err = 0;
   do {
     if (s.rmsg.empty()) {
-      // MSG_WAITALL after some data: keep waiting, even on a non-blocking socket.
-      err = WaitUntil(s, lk, nonblock && copied == 0,
-                      [&] { return !s.rmsg.empty() || !s.readable; }, -1);
+      // Non-blocking with MSG_WAITALL: what is there (as Linux TCP).
+      err = WaitUntil(s, lk, nonblock, [&] { return !s.rmsg.empty() || !s.readable; }, -1);
       if (err != 0) break;
     }
     if (flags & MSG_PEEK) {

@@ -93,6 +93,7 @@ struct Socket {
   rdma_event_channel* channel = nullptr;
   rdma_cm_id* id = nullptr;
   std::deque<std::shared_ptr<Socket>> accept_queue;  // listener: accepted, not yet taken
+  int backlog = 0;                                   // listener: bound of accept_queue
 
   // Verbs objects (connected sockets).
   ibv_pd* pd = nullptr;
