@@ -88,6 +88,7 @@ void QpRx::Start(const StreamParams& params) {
   response_received_ = 0;
   terminate_length_ = 0;
   last_boundary_ = 0;
+  last_fpdu_large_ = false;
   awaiting_rtr_ = params.rtr_role == RtrRole::kAwait;
   started_ = true;
   stopped_ = false;
@@ -147,10 +148,14 @@ void QpRx::OnReadable(transport::TcpStream& stream) {
     if (demand.kind == mpa::RxDemand::Kind::kFailed) break;
     // Large payloads go straight into their targets: a demand that is
     // large, or the rest of a large FPDU's payload (after a staged read or
-    // a short direct one ended inside it), so that a stream of large FPDUs
-    // stays at one recvmsg per FPDU and no copy. With markers every demand
-    // stops at the next marker (at most 512 octets apart): staged.
-    const bool large_fpdu = !params_.rx_markers && payload_length_ >= kDirectPlacementMin;
+    // a short direct one ended inside it). So does the payload of a small
+    // FPDU right after a large one (the last segment of a large message):
+    // a 64 KiB staged read there would pull the next large FPDU in and copy
+    // it. A stream of large FPDUs so stays at one recvmsg per FPDU and no
+    // copy. With markers every demand stops at the next marker (at most 512
+    // octets apart): staged.
+    const bool large_fpdu = !params_.rx_markers && (payload_length_ >= kDirectPlacementMin ||
+                                                    last_fpdu_large_);
     const bool direct = demand.kind == mpa::RxDemand::Kind::kPayload &&
                         segment_ != Segment::kTerminate &&
                         (demand.length >= kDirectPlacementMin || large_fpdu);
@@ -608,6 +613,7 @@ void QpRx::HeaderTerminate(const rdmap::DdpRdmapHeader& h) {
 
 void QpRx::OnFpduComplete() {
   CounterAdd(qp_.counters_.rx_fpdus, 1);
+  last_fpdu_large_ = payload_length_ >= kDirectPlacementMin;
   if (pending_) {
     const PendingError error = *pending_;
     pending_.reset();

@@ -10,9 +10,10 @@
 // walks every FPDU in it, and each payload piece is copied into its target,
 // so MTU-sized FPDUs (what every non-siwx peer sends) cost a fraction of a
 // system call each. A payload demand of at least kDirectPlacementMin octets
-// (12 KiB, where the copy starts to cost more than the call it saves), and
-// the rest of any payload that large, is instead received straight into
-// its target with one recvmsg, whose iovec
+// (12 KiB, where the copy starts to cost more than the call it saves), the
+// rest of any payload that large, and the payload of the FPDU after such a
+// large one, are instead received straight into their target with one
+// recvmsg each, whose iovec
 // is the target range(s) of exactly the demanded octets plus a small
 // staging tail for the next FPDU's trailer and header
 // (docs/performance-notes.md 2). Nothing is ever read into a target beyond
@@ -222,6 +223,7 @@ class QpRx {
 
   bool awaiting_rtr_ = false;
   std::uint64_t last_boundary_ = 0;  // parser stream position after the last FPDU
+  bool last_fpdu_large_ = false;     // its payload was at least kDirectPlacementMin
 
   std::array<RegionRef, kMaxSge> refs_;
   std::size_t ref_count_ = 0;
