@@ -10,6 +10,7 @@
 #pragma once
 
 #include "common/mpa/mpa_negotiator.h"
+#include "providers/siwx/mpa_stream_params.h"
 #include "providers/siwx/siwxdv.h"
 
 namespace siwx::cm {
@@ -28,11 +29,8 @@ struct ProviderHandover {
 // Looked up once per process.
 const ProviderHandover& GetProviderHandover();
 
-// The stream parameters for `params` as negotiated by an end in `role`.
-siwx_stream_params MakeStreamParams(const mpa::NegotiatedParams& params, mpa::MpaRole role,
-                                    std::uint32_t first_fpdu_timeout_ms);
-
-std::uint32_t RtrMask(const mpa::RtrTypeSet& types);
-int DialectNumber(mpa::MpaDialect d);  // enum siwx_mpa_dialect
+using provider::DialectNumber;
+using provider::MakeStreamParams;
+using provider::RtrMask;
 
 }  // namespace siwx::cm

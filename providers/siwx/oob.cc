@@ -36,6 +36,7 @@
 #include "common/mpa/mpa_negotiator.h"
 #include "common/transport/tcp_rendezvous.h"
 #include "common/util/log.h"
+#include "providers/siwx/mpa_stream_params.h"
 
 namespace siwx::provider {
 
@@ -130,6 +131,9 @@ const int g_timeout_ms = ReadTimeoutMs();
 
 std::uint16_t ConfiguredPort() { return g_configured_port; }
 int TimeoutMs() { return g_timeout_ms; }
+// The wait for the first FPDU after a bind: a parked stream is bound late,
+// its RTR already waiting in the socket.
+std::uint32_t TimeoutMsForStream() { return static_cast<std::uint32_t>(g_timeout_ms); }
 
 std::string EndpointText(const Endpoint& e) {
   char address[INET_ADDRSTRLEN] = "?";
@@ -237,39 +241,6 @@ void FailIfUnbound(Device* device, std::uint64_t context_id, std::uint32_t qp_nu
 }
 
 // ---- MPA ----
-
-siwx_stream_params MakeParams(const mpa::NegotiatedParams& p, mpa::MpaRole role) {
-  siwx_stream_params s{};
-  s.size = sizeof(s);
-  s.mpa_dialect = p.dialect == mpa::MpaDialect::kV2      ? SIWX_MPA_DIALECT_V2
-                  : p.dialect == mpa::MpaDialect::kV1Rtr ? SIWX_MPA_DIALECT_V1_RTR
-                                                         : SIWX_MPA_DIALECT_V1;
-  s.mpa_revision = p.revision;
-  s.crc = p.crc ? 1 : 0;
-  s.tx_markers = p.markers_tx ? 1 : 0;
-  s.rx_markers = p.markers_rx ? 1 : 0;
-  s.large_fpdus = p.large_fpdus ? 1 : 0;
-  s.ird = p.ird;
-  s.ord = p.ord;
-  if (role == mpa::MpaRole::kInitiator && p.rtr != mpa::RtrType::kNone) {
-    s.rtr_role = SIWX_RTR_ROLE_SEND;
-    s.rtr_message = p.rtr == mpa::RtrType::kSend    ? SIWX_RTR_MESSAGE_SEND
-                    : p.rtr == mpa::RtrType::kWrite ? SIWX_RTR_MESSAGE_WRITE
-                                                    : SIWX_RTR_MESSAGE_READ;
-  } else if (role == mpa::MpaRole::kResponder && p.peer_to_peer) {
-    s.rtr_role = SIWX_RTR_ROLE_AWAIT;
-    s.rtr_accept_mask =
-        static_cast<std::uint8_t>((p.rtr_types.send ? SIWX_RTR_MASK_SEND : 0u) |
-                                  (p.rtr_types.write ? SIWX_RTR_MASK_WRITE : 0u) |
-                                  (p.rtr_types.read ? SIWX_RTR_MASK_READ : 0u));
-  }
-  s.wait_first_fpdu = p.first_send == mpa::FirstSendRule::kAfterFirstFpdu ? 1 : 0;
-  // A parked stream is bound late; its RTR already waits in the socket.
-  if (s.wait_first_fpdu || s.rtr_role == SIWX_RTR_ROLE_AWAIT) {
-    s.first_fpdu_timeout_ms = static_cast<std::uint32_t>(TimeoutMs());
-  }
-  return s;
-}
 
 mpa::NegotiatorConfig MakeConfig(mpa::MpaRole role) {
   // The standard RFC 6581 startup between two siwx ends: v2, peer-to-peer
@@ -453,7 +424,7 @@ void Dial(Device* device, std::uint64_t context_id, std::uint32_t qp_num, std::u
   }
   if (rc == 0) {
     rc = BindArmed(device, context_id, qp_num, token, fd,
-                   MakeParams(params, mpa::MpaRole::kInitiator), &why);
+                   MakeStreamParams(params, mpa::MpaRole::kInitiator, TimeoutMsForStream()), &why);
     if (rc == 0) {
       SIWX_LOG(kDebug, "QP %u: connected out of band to QP %u at %s", qp_num, remote_qpn,
                where.c_str());
@@ -583,7 +554,8 @@ void Serve(Device* device, int fd) {
     transport::CloseFd(fd);
     return;
   }
-  const siwx_stream_params stream = MakeParams(params, mpa::MpaRole::kResponder);
+  const siwx_stream_params stream =
+      MakeStreamParams(params, mpa::MpaRole::kResponder, TimeoutMsForStream());
   if (target.what == Disposition::kBind) {
     if (BindArmed(device, target.context_id, request->first_qpn, target.token, fd, stream,
                   &why) != 0) {
