@@ -515,7 +515,8 @@ TEST_F(Rsocket, ListenerServesMoreClientsThanItsBacklog) {
 // facts (docs/rsockets.md), not with siwx's rsocket code: the connection
 // data, the first SGL advertisement (16 octets into entry 1 of our target
 // SGL, then the 4-octet Send 0x80000000 | 384), a DATA message after its
-// RDMA Write, and the other way: our Write + DATA, then DISCONNECT.
+// RDMA Write, and the other way: our Write + DATA, then DISCONNECT, then a
+// DATA message larger than the ring (refused with EPROTO).
 TEST_F(Rsocket, WireSeenByAHandWrittenStockPeer) {
   using siwx::cm::test::Expect;
   rdma_event_channel* ch = rdma_create_event_channel();
@@ -671,6 +672,25 @@ TEST_F(Rsocket, WireSeenByAHandWrittenStockPeer) {
   ASSERT_EQ(ibv_post_send(id->qp, &d, &bad), 0);
   std::uint8_t b;
   EXPECT_EQ(rrecv(client_, &b, 1, 0), 0);
+
+  // 5. A DATA message for more octets than the ring holds: the rsocket
+  // closes the connection with EPROTO and nothing else happens.
+  const std::uint32_t bogus = 1u << 20;
+  std::memcpy(out.data() + 24, &bogus, 4);
+  ibv_sge bsge{reinterpret_cast<std::uintptr_t>(out.data() + 24), 4, out_mr->lkey};
+  d.sg_list = &bsge;
+  ASSERT_EQ(ibv_post_send(id->qp, &d, &bad), 0);
+  int so_error = 0;
+  EXPECT_TRUE(siwx::cm::test::WaitFor(
+      [&] {
+        socklen_t len = sizeof(so_error);
+        return rgetsockopt(client_, SOL_SOCKET, SO_ERROR, &so_error, &len) == 0 &&
+               so_error == EPROTO;
+      },
+      std::chrono::seconds(10)));
+  EXPECT_EQ(rrecv(client_, &b, 1, 0), 0);
+  EXPECT_EQ(rsend(client_, "x", 1, 0), -1);
+  EXPECT_EQ(errno, ECONNRESET);
   rclose(client_);
   client_ = -1;
 
