@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 #include "kernel-shim/netdev.h"
 
+#include <arpa/inet.h>
 #include <linux/if.h>
 #include <linux/rtnetlink.h>
 #include <netlink/addr.h>
@@ -16,11 +17,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <set>
 #include <thread>
 
-#include "providers/siwx/log.h"
+#include "common/util/log.h"
 
 namespace siwx::shim {
 namespace {
@@ -70,11 +72,17 @@ std::optional<std::vector<Netdev>> DiscoverNetdevs() {
   CachePtr addrs(raw_addrs);
 
   std::set<int> with_address;
+  std::map<int, std::vector<std::string>> address_text;
   for (nl_object* obj = nl_cache_get_first(addrs.get()); obj != nullptr;
        obj = nl_cache_get_next(obj)) {
     auto* addr = reinterpret_cast<rtnl_addr*>(obj);
     const int family = rtnl_addr_get_family(addr);
-    if (family == AF_INET || family == AF_INET6) with_address.insert(rtnl_addr_get_ifindex(addr));
+    if (family != AF_INET && family != AF_INET6) continue;
+    with_address.insert(rtnl_addr_get_ifindex(addr));
+    char text[INET6_ADDRSTRLEN + 8];
+    if (nl_addr* local = rtnl_addr_get_local(addr); local != nullptr) {
+      address_text[rtnl_addr_get_ifindex(addr)].push_back(nl_addr2str(local, text, sizeof(text)));
+    }
   }
 
   std::vector<Netdev> result;
@@ -95,6 +103,9 @@ std::optional<std::vector<Netdev>> DiscoverNetdevs() {
     if (lladdr != nullptr && rtnl_link_get_arptype(link) == kArpEther &&
         nl_addr_get_len(lladdr) == dev.mac.size()) {
       std::memcpy(dev.mac.data(), nl_addr_get_binary_addr(lladdr), dev.mac.size());
+    }
+    if (auto it = address_text.find(ifindex); it != address_text.end()) {
+      dev.addresses = it->second;
     }
     result.push_back(std::move(dev));
   }

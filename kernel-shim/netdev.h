@@ -29,6 +29,7 @@ struct Netdev {
   std::uint32_t mtu = 0;
   std::array<std::uint8_t, 6> mac{};  // zero without an Ethernet-style address
   bool up = false;                    // see the file comment
+  std::vector<std::string> addresses; // "192.0.2.1/24", "2001:db8::1/64" (for `siwx devices`)
 };
 
 // The interfaces with an address, in ifindex order. std::nullopt (and a log

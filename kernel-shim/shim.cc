@@ -55,7 +55,7 @@
 #include <vector>
 
 #include "kernel-shim/netdev.h"
-#include "providers/siwx/log.h"
+#include "common/util/log.h"
 #include "providers/siwx/siwx_provider.h"
 
 // driver.h (not installed): the private libibverbs function we stand in for.

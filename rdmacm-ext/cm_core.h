@@ -172,49 +172,59 @@ struct CmId {
   bool registered = false;    // fd is in the epoll set
   std::uint32_t interest = 0;
 
-  int backlog = 0;            // listener
-  int pending = 0;            // listener: children whose CONNECT_REQUEST awaits the application
-  // Listener: accept4 ran out of descriptors or memory; poll again then.
-  std::optional<TimePoint> accept_retry_at;
-  std::chrono::milliseconds accept_backoff{0};
+  // A listening id.
+  struct Listen {
+    int backlog = 0;
+    int pending = 0;  // children whose CONNECT_REQUEST awaits the application
+    // accept4 ran out of descriptors or memory; poll again then.
+    std::optional<TimePoint> accept_retry_at;
+    std::chrono::milliseconds accept_backoff{0};
+  } listen;
   CmId* listener = nullptr;   // child of a listener, until rdma_accept/rdma_reject
   bool backlog_slot = false;  // child: counted in listener->pending
 
   mpa::MpaRole role = mpa::MpaRole::kInitiator;
   bool started = false;       // a connection was attempted
-  std::unique_ptr<mpa::MpaNegotiator> negotiator;
   std::optional<TimePoint> connect_deadline;
-  std::uint16_t ird = 0;      // initiator: offered; responder: accepted
-  std::uint16_t ord = 0;
-  std::uint8_t request_ird = 0;  // values raised with CONNECT_REQUEST (rdma_accept(NULL))
-  std::uint8_t request_ord = 0;
+  // The MPA startup phase and what it agreed.
+  struct Mpa {
+    std::unique_ptr<mpa::MpaNegotiator> negotiator;
+    std::uint16_t ird = 0;  // initiator: offered; responder: accepted
+    std::uint16_t ord = 0;
+    std::uint8_t request_ird = 0;  // values raised with CONNECT_REQUEST (rdma_accept(NULL))
+    std::uint8_t request_ord = 0;
+    bool done = false;
+    // kFlushing: the peer must take the last startup frame by then.
+    std::optional<TimePoint> flush_deadline;
+    mpa::NegotiatedParams negotiated;
+    mpa::MpaError error = mpa::MpaError::kNone;
+  } mpa;
   std::vector<std::uint8_t> private_data;  // initiator: for the Request
   std::uint32_t conn_qp_num = 0;
   // Responder: the QP rdma_accept named by number (rdma_conn_param.qp_num).
   std::optional<std::uint32_t> target_qp_num;
   std::uint32_t own_qp_num = 0;  // pub.qp->qp_num, read when the CM created it
 
-  bool mpa_done = false;
-  // kFlushing: the peer must take the last startup frame by then.
-  std::optional<TimePoint> flush_deadline;
-  mpa::NegotiatedParams negotiated;
-  mpa::MpaError mpa_error = mpa::MpaError::kNone;
   std::string failure;
   siwx_cm_failure failure_code = SIWX_CM_FAILURE_NONE;
   int last_status = 0;
   bool peer_gone = false;     // passive: the peer left while the request was pending
 
-  bool stream_bound = false;
-  // The number of the QP that owns the stream on pub.verbs. Never a pointer:
-  // the application may destroy the QP (ibv_destroy_qp) on any thread, so
-  // the provider finds it by number under the lock its destroy takes.
-  std::uint32_t bound_qp_num = 0;
-  bool disconnect_posted = false;
-  // The peer closed or reset the stream while the QP's CQs still held
-  // successful completions the application had not polled: DISCONNECTED
-  // waits until they are polled, or until this time (Core::kDisconnectHold).
-  std::optional<TimePoint> disconnect_held_until;
-  int held_disconnect_error = 0;
+  // The established stream, once a QP took it.
+  struct Stream {
+    bool bound = false;
+    // The number of the QP that owns the stream on pub.verbs. Never a
+    // pointer: the application may destroy the QP (ibv_destroy_qp) on any
+    // thread, so the provider finds it by number under the lock its destroy
+    // takes.
+    std::uint32_t qp_num = 0;
+    bool disconnect_posted = false;
+    // The peer closed or reset the stream while the QP's CQs still held
+    // successful completions the application had not polled: DISCONNECTED
+    // waits until they are polled, or until this time (Core::kDisconnectHold).
+    std::optional<TimePoint> held_until;
+    int held_error = 0;
+  } stream;
 
   std::optional<ibv_qp_init_attr> ep_qp_init_attr;  // rdma_create_ep, passive
 };
@@ -307,13 +317,15 @@ class Core {
   CmEvent* Post(CmId* id, rdma_cm_event_type type, int status, ByteSpan private_data = {},
                 std::uint32_t ird = 0, std::uint32_t ord = 0);
   void RemoveQueuedEvents(CmId* id);
+  // Forgets the event a synchronous call left in id->pub.event.
+  void DropSyncEvent(CmId* id);
   void ReleaseBacklogSlot(CmId* id);
   void SetInterest(CmId* id, std::uint32_t interest);
   void UpdateInterest(CmId* id);
   void CloseSocket(CmId* id, bool abortive);
   void MoveToLinger(CmId* id, ByteSpan out);
-  void DriveLinger(std::uint64_t handle, const net::PollEvent& ev);
-  void HandleIo(std::uint64_t cookie, const net::PollEvent& ev);
+  void DriveLinger(std::uint64_t handle, const net::Poller::Event& ev);
+  void HandleIo(std::uint64_t cookie, const net::Poller::Event& ev);
   void AcceptPending(CmId* listener);
   void BackOffAccepting(CmId* listener, int error);
   // A child accepted but whose MPA Request is not complete yet.
@@ -352,8 +364,8 @@ class Core {
 
   std::mutex mu_;
   bool stop_ = false;                                             // mu_
-  int epfd_ = -1;                                                 // mu_ (fixed while running)
-  int wake_fd_ = -1;                                              // mu_ (fixed while running)
+  std::unique_ptr<net::Poller> poller_;                           // mu_ (fixed while running)
+  std::unique_ptr<net::Doorbell> wake_;                           // mu_ (fixed while running)
   std::size_t live_ids_ = 0;                                      // mu_
   std::uint64_t next_handle_ = 1;                                 // mu_
   std::unordered_map<rdma_event_channel*, CmChannel*> channels_;  // mu_
@@ -366,7 +378,7 @@ class Core {
   std::deque<std::uint64_t> half_open_;                           // mu_
 
   std::mutex notify_mu_;
-  int notify_wake_fd_ = -1;              // notify_mu_: wake_fd_ while the loop runs
+  int notify_wake_fd_ = -1;              // notify_mu_: wake_'s fd while the loop runs
   std::vector<StreamNote> notes_;        // notify_mu_
 };
 

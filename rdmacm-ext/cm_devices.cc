@@ -5,7 +5,7 @@
 #include <cstring>
 #include <string_view>
 
-#include "providers/siwx/log.h"
+#include "common/util/log.h"
 
 namespace siwx::cm {
 namespace {

@@ -6,10 +6,13 @@
 // crosses into C (an allocation failure becomes ENOMEM). Return convention
 // as librdmacm: 0, or -1 with errno set; pointers or NULL with errno.
 //
-// Not supported over iWARP, and refused with a clear errno: multicast
-// (EOPNOTSUPP), ECE (EOPNOTSUPP), AF_IB and UD port spaces
-// (EPROTONOSUPPORT / EAFNOSUPPORT), IB-only options (ENOSYS). The rsocket
-// API is siwx's own (rsocket.cc, rsocket_api.cc), built on these calls.
+// Not supported over iWARP, and refused with the errno Linux gives on a
+// kernel siw device: multicast (ENOSYS, as the kernel CM for iWARP), UD,
+// IPoIB and IB port spaces and non-RC QP types (EOPNOTSUPP, as siw refuses
+// such QPs), AF_IB (EAFNOSUPPORT), IB-only options (ENOSYS); ECE
+// (EOPNOTSUPP). README.md has the audit of every symbol.
+// The rsocket API is siwx's own (rsocket.cc, rsocket_api.cc), built on
+// these calls.
 #include <netdb.h>
 
 #include <cerrno>
@@ -17,6 +20,7 @@
 #include <cstring>
 #include <new>
 
+#include "common/util/log.h"
 #include "rdmacm-ext/cm_core.h"
 #include "rdmacm-ext/cm_devices.h"
 #include "rdmacm-ext/siwx_cm.h"
@@ -24,6 +28,7 @@
 namespace {
 
 using siwx::cm::Core;
+using siwx::cm::EnumValue;
 
 int Fail(int error) {
   errno = error;
@@ -50,6 +55,21 @@ int CopyAddr(sockaddr** dst, socklen_t* dst_len, const sockaddr* src, socklen_t 
   std::memcpy(*dst, src, len);
   *dst_len = len;
   return 0;
+}
+
+// A QP type iWARP does not have: EOPNOTSUPP, as kernel siw answers.
+int RefuseQpType(ibv_qp_type type) {
+  SIWX_LOG(kError, "QP type %d refused: iWARP has only RC QPs (EOPNOTSUPP)",
+           siwx::cm::EnumValue(type));
+  return EOPNOTSUPP;
+}
+
+int RefuseMulticast(rdma_cm_id* id, const sockaddr* addr) {
+  if (addr == nullptr || !Core::Get().KnownId(id)) return EINVAL;
+  if (addr->sa_family != AF_INET && addr->sa_family != AF_INET6) return EINVAL;
+  SIWX_LOG(kError, "rdma_join_multicast refused: iWARP has no multicast (ENOSYS, as the "
+                   "kernel CM answers on an iWARP device)");
+  return ENOSYS;
 }
 
 int GaiToErrno(int gai) {
@@ -120,7 +140,11 @@ const char* rdma_event_str(rdma_cm_event_type event) {
 
 int rdma_create_id(rdma_event_channel* channel, rdma_cm_id** id, void* context,
                    rdma_port_space ps) {
-  return Guarded([&] { return Core::Get().CreateId(channel, id, context, ps, IBV_QPT_RC); });
+  // As librdmacm: the port space implies the QP type.
+  const int value = EnumValue(ps);
+  const ibv_qp_type qp_type =
+      value == RDMA_PS_UDP || value == RDMA_PS_IPOIB ? IBV_QPT_UD : IBV_QPT_RC;
+  return Guarded([&] { return Core::Get().CreateId(channel, id, context, ps, qp_type); });
 }
 
 int rdma_destroy_id(rdma_cm_id* id) {
@@ -214,6 +238,7 @@ int rdma_create_qp_ex(rdma_cm_id* id, ibv_qp_init_attr_ex* qp_init_attr) {
 int rdma_create_qp(rdma_cm_id* id, ibv_pd* pd, ibv_qp_init_attr* qp_init_attr) {
   return Guarded([&] {
     if (qp_init_attr == nullptr) return EINVAL;
+    if (EnumValue(qp_init_attr->qp_type) != IBV_QPT_RC) return RefuseQpType(qp_init_attr->qp_type);
     ibv_qp_init_attr_ex attr{};
     std::memcpy(&attr, qp_init_attr, sizeof(*qp_init_attr));
     attr.comp_mask = IBV_QP_INIT_ATTR_PD;
@@ -275,21 +300,30 @@ int rdma_create_ep(rdma_cm_id** id, rdma_addrinfo* res, ibv_pd* pd,
                    ibv_qp_init_attr* qp_init_attr) {
   return Guarded([&] {
     if (id == nullptr || res == nullptr) return EINVAL;
-    if (res->ai_port_space != 0 && res->ai_port_space != RDMA_PS_TCP) return EPROTONOSUPPORT;
-    if (res->ai_qp_type != 0 && res->ai_qp_type != IBV_QPT_RC) return EPROTONOSUPPORT;
+    // As librdmacm: the id takes the port space and QP type of `res` (0
+    // means what rdma_getaddrinfo would have said for TCP: RC), and so does
+    // the QP, now (active side) or at rdma_get_request (passive side).
+    const auto ps = static_cast<rdma_port_space>(res->ai_port_space != 0 ? res->ai_port_space
+                                                                          : RDMA_PS_TCP);
+    const auto qp_type =
+        static_cast<ibv_qp_type>(res->ai_qp_type != 0 ? res->ai_qp_type : IBV_QPT_RC);
     Core& core = Core::Get();
     rdma_cm_id* cm_id = nullptr;
-    int rc = core.CreateId(nullptr, &cm_id, nullptr, RDMA_PS_TCP, IBV_QPT_RC);
+    int rc = core.CreateId(nullptr, &cm_id, nullptr, ps, qp_type);
     if (rc != 0) return rc;
     if ((res->ai_flags & RAI_PASSIVE) != 0) {
       rc = core.BindAddr(cm_id, res->ai_src_addr);
-      if (rc == 0 && qp_init_attr != nullptr) rc = core.SetEpQpInitAttr(cm_id, *qp_init_attr, pd);
+      if (rc == 0 && qp_init_attr != nullptr) {
+        ibv_qp_init_attr deferred = *qp_init_attr;
+        deferred.qp_type = qp_type;
+        rc = core.SetEpQpInitAttr(cm_id, deferred, pd);
+      }
       if (rc == 0 && qp_init_attr == nullptr && pd != nullptr) cm_id->pd = pd;
     } else {
       rc = core.ResolveAddr(cm_id, res->ai_src_addr, res->ai_dst_addr);
       if (rc == 0) rc = core.ResolveRoute(cm_id);
       if (rc == 0 && qp_init_attr != nullptr) {
-        qp_init_attr->qp_type = IBV_QPT_RC;
+        qp_init_attr->qp_type = qp_type;
         rc = rdma_create_qp(cm_id, pd, qp_init_attr) == 0 ? 0 : errno;
       }
     }
@@ -316,67 +350,98 @@ void rdma_destroy_ep(rdma_cm_id* id) {
 
 // ---- Addresses and devices ----
 
+// As librdmacm's: a translation of getaddrinfo(3) with no device involved,
+// for any port space (an id of a port space iWARP lacks is refused when it
+// is created). A name that does not resolve returns getaddrinfo's EAI_*
+// code, as librdmacm does (programs print it with gai_strerror), with errno
+// set to the nearest errno value too; other failures are -1 with errno.
 int rdma_getaddrinfo(const char* node, const char* service, const rdma_addrinfo* hints,
                      rdma_addrinfo** res) {
-  return Guarded([&] {
+  int gai = 0;
+  const int rc = Guarded([&] {
     if (res == nullptr || (node == nullptr && service == nullptr && hints == nullptr)) {
       return EINVAL;
     }
     const rdma_addrinfo no_hints{};
-    if (hints == nullptr) hints = &no_hints;
+    const bool have_hints = hints != nullptr;
+    if (!have_hints) hints = &no_hints;
     if (hints->ai_family != AF_UNSPEC && hints->ai_family != AF_INET &&
         hints->ai_family != AF_INET6) {
       return EAFNOSUPPORT;  // AF_IB needs an InfiniBand fabric
     }
-    if (hints->ai_port_space != 0 && hints->ai_port_space != RDMA_PS_TCP) return EPROTONOSUPPORT;
     auto* rai = static_cast<rdma_addrinfo*>(std::calloc(1, sizeof(rdma_addrinfo)));
     if (rai == nullptr) return ENOMEM;
-    rai->ai_flags = hints->ai_flags;
-    rai->ai_family = hints->ai_family;
-    rai->ai_qp_type = IBV_QPT_RC;
-    rai->ai_port_space = RDMA_PS_TCP;
-    int rc = 0;
+    const bool passive = (hints->ai_flags & RAI_PASSIVE) != 0;
+    int err = 0;
     if (node != nullptr || service != nullptr) {
       addrinfo ai_hints{};
       ai_hints.ai_family = hints->ai_family;
-      ai_hints.ai_socktype = SOCK_STREAM;
-      ai_hints.ai_protocol = IPPROTO_TCP;
-      if ((hints->ai_flags & RAI_PASSIVE) != 0) ai_hints.ai_flags |= AI_PASSIVE;
+      if (passive) ai_hints.ai_flags |= AI_PASSIVE;
       if ((hints->ai_flags & RAI_NUMERICHOST) != 0) ai_hints.ai_flags |= AI_NUMERICHOST;
+      switch (hints->ai_qp_type) {
+        case IBV_QPT_UD: ai_hints.ai_socktype = SOCK_DGRAM; break;
+        case 0: break;
+        default: ai_hints.ai_socktype = SOCK_STREAM; break;  // the connected QP types
+      }
+      switch (hints->ai_port_space) {
+        case RDMA_PS_TCP: ai_hints.ai_protocol = IPPROTO_TCP; break;
+        case RDMA_PS_UDP:
+        case RDMA_PS_IPOIB: ai_hints.ai_protocol = IPPROTO_UDP; break;
+        case RDMA_PS_IB:
+          if (ai_hints.ai_socktype == SOCK_STREAM) ai_hints.ai_protocol = IPPROTO_TCP;
+          if (ai_hints.ai_socktype == SOCK_DGRAM) ai_hints.ai_protocol = IPPROTO_UDP;
+          break;
+        default: break;
+      }
       addrinfo* ai = nullptr;
       errno = 0;
-      const int gai = getaddrinfo(node, service, &ai_hints, &ai);
+      gai = getaddrinfo(node, service, have_hints ? &ai_hints : nullptr, &ai);
       if (gai != 0) {
-        rc = GaiToErrno(gai);
+        err = GaiToErrno(gai);
       } else {
         rai->ai_family = ai->ai_family;
-        if ((hints->ai_flags & RAI_PASSIVE) != 0) {
+        rai->ai_qp_type = hints->ai_qp_type != 0 ? hints->ai_qp_type
+                          : ai->ai_socktype == SOCK_DGRAM ? IBV_QPT_UD
+                                                          : IBV_QPT_RC;
+        rai->ai_port_space = hints->ai_port_space != 0 ? hints->ai_port_space
+                             : ai->ai_protocol == IPPROTO_UDP ? RDMA_PS_UDP
+                                                              : RDMA_PS_TCP;
+        if (passive) {
           rai->ai_flags = RAI_PASSIVE;
-          rc = CopyAddr(&rai->ai_src_addr, &rai->ai_src_len, ai->ai_addr, ai->ai_addrlen);
-          if (rc == 0 && ai->ai_canonname != nullptr) {
+          err = CopyAddr(&rai->ai_src_addr, &rai->ai_src_len, ai->ai_addr, ai->ai_addrlen);
+          if (err == 0 && ai->ai_canonname != nullptr) {
             rai->ai_src_canonname = strdup(ai->ai_canonname);
           }
         } else {
-          rc = CopyAddr(&rai->ai_dst_addr, &rai->ai_dst_len, ai->ai_addr, ai->ai_addrlen);
-          if (rc == 0 && ai->ai_canonname != nullptr) {
+          err = CopyAddr(&rai->ai_dst_addr, &rai->ai_dst_len, ai->ai_addr, ai->ai_addrlen);
+          if (err == 0 && ai->ai_canonname != nullptr) {
             rai->ai_dst_canonname = strdup(ai->ai_canonname);
           }
         }
         freeaddrinfo(ai);
       }
-    } else if (hints->ai_dst_len != 0 && hints->ai_dst_addr != nullptr) {
-      rc = CopyAddr(&rai->ai_dst_addr, &rai->ai_dst_len, hints->ai_dst_addr, hints->ai_dst_len);
+    } else {
+      rai->ai_flags = hints->ai_flags;
+      rai->ai_family = hints->ai_family;
+      rai->ai_qp_type = hints->ai_qp_type;
+      rai->ai_port_space = hints->ai_port_space;
+      if (hints->ai_dst_len != 0 && hints->ai_dst_addr != nullptr) {
+        err = CopyAddr(&rai->ai_dst_addr, &rai->ai_dst_len, hints->ai_dst_addr,
+                       hints->ai_dst_len);
+      }
     }
-    if (rc == 0 && rai->ai_src_len == 0 && hints->ai_src_len != 0 && hints->ai_src_addr != nullptr) {
-      rc = CopyAddr(&rai->ai_src_addr, &rai->ai_src_len, hints->ai_src_addr, hints->ai_src_len);
+    if (err == 0 && rai->ai_src_len == 0 && hints->ai_src_len != 0 &&
+        hints->ai_src_addr != nullptr) {
+      err = CopyAddr(&rai->ai_src_addr, &rai->ai_src_len, hints->ai_src_addr, hints->ai_src_len);
     }
-    if (rc != 0) {
+    if (err != 0) {
       rdma_freeaddrinfo(rai);
-      return rc;
+      return err;
     }
     *res = rai;
     return 0;
   });
+  return rc != 0 && gai != 0 ? gai : rc;
 }
 
 void rdma_freeaddrinfo(rdma_addrinfo* res) {
@@ -415,11 +480,34 @@ void rdma_free_devices(ibv_context** list) { std::free(list); }
 
 // ---- Not over iWARP ----
 
-int rdma_join_multicast(rdma_cm_id*, sockaddr*, void*) { return Fail(EOPNOTSUPP); }
-int rdma_join_multicast_ex(rdma_cm_id*, rdma_cm_join_mc_attr_ex*, void*) {
-  return Fail(EOPNOTSUPP);
+// Multicast needs UD QPs: the kernel CM answers ENOSYS on an iWARP device
+// once the id and address are valid (EINVAL before that), and librdmacm
+// answers EADDRNOTAVAIL when leaving a group that was never joined.
+int rdma_join_multicast(rdma_cm_id* id, sockaddr* addr, void* /*context*/) {
+  return Guarded([&] { return RefuseMulticast(id, addr); });
 }
-int rdma_leave_multicast(rdma_cm_id*, sockaddr*) { return Fail(EOPNOTSUPP); }
+
+int rdma_join_multicast_ex(rdma_cm_id* id, rdma_cm_join_mc_attr_ex* attr, void* /*context*/) {
+  return Guarded([&] {
+    if (attr == nullptr) return EINVAL;
+    if (attr->comp_mask >= RDMA_CM_JOIN_MC_ATTR_RESERVED) return EOPNOTSUPP;
+    if ((attr->comp_mask & RDMA_CM_JOIN_MC_ATTR_ADDRESS) == 0) return EINVAL;
+    if ((attr->comp_mask & RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS) == 0 ||
+        attr->join_flags >= RDMA_MC_JOIN_FLAG_RESERVED) {
+      return EINVAL;
+    }
+    return RefuseMulticast(id, attr->addr);
+  });
+}
+
+int rdma_leave_multicast(rdma_cm_id* id, sockaddr* addr) {
+  return Guarded([&] {
+    if (addr == nullptr || !Core::Get().KnownId(id)) return EINVAL;
+    if (addr->sa_family != AF_INET && addr->sa_family != AF_INET6) return EINVAL;
+    return EADDRNOTAVAIL;  // no group was ever joined
+  });
+}
+
 int rdma_set_local_ece(rdma_cm_id*, ibv_ece*) { return Fail(EOPNOTSUPP); }
 int rdma_get_remote_ece(rdma_cm_id*, ibv_ece*) { return Fail(EOPNOTSUPP); }
 

@@ -18,7 +18,7 @@
 #include <cstring>
 #include <unordered_map>
 
-#include "providers/siwx/log.h"
+#include "common/util/log.h"
 
 // The receive ring and the target SGL and iomap tables are written by the
 // peer's RDMA Writes (the engine's receive thread places them) while we read

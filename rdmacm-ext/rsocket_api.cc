@@ -33,7 +33,7 @@
 #include <new>
 #include <vector>
 
-#include "providers/siwx/log.h"
+#include "common/util/log.h"
 #include "rdmacm-ext/rsocket.h"
 
 namespace {

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "providers/siwx/log.h"
+#include "common/util/log.h"
 
 #ifndef SIWX_PROVIDER_LIBRARY
 #define SIWX_PROVIDER_LIBRARY "libsiwx-rdmav34.so"
@@ -38,6 +38,7 @@ const ProviderHandover& GetProviderHandover() {
     h.lookup = reinterpret_cast<siwx_qp_lookup_fn>(FindSymbol("siwx_qp_lookup"));
     h.unpolled = reinterpret_cast<siwx_qp_unpolled_completions_fn>(
         FindSymbol("siwx_qp_unpolled_completions"));
+    h.trace_io = reinterpret_cast<siwx_trace_stream_io_fn>(FindSymbol("siwx_trace_stream_io"));
     if (h.bind == nullptr) {
       SIWX_LOG(kInfo, "CM: the provider exports no siwx_qp_bind_stream_num; connections stay in "
                       "the CM (CM-only mode, no data path)");

@@ -22,6 +22,7 @@ struct ProviderHandover {
   siwx_qp_disconnect_stream_num_fn disconnect = nullptr;
   siwx_qp_lookup_fn lookup = nullptr;
   siwx_qp_unpolled_completions_fn unpolled = nullptr;  // null: disconnects are never held
+  siwx_trace_stream_io_fn trace_io = nullptr;          // SIWX_TRACE of the startup frames
 };
 
 // Looked up once per process.

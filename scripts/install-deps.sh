@@ -21,10 +21,14 @@ packages=(
   python3-matplotlib
   # libfabric's fi_pingpong, for the libfabric verbs-provider test
   libfabric-bin
+  # Open MPI (mpirun, mpicc), for the MPI-over-iWARP test (apps.mpi)
+  openmpi-bin libopenmpi-dev
   # the rdma-core Python binding, for the pyverbs smoke test
   python3-pyverbs
   # the two-host tests: NFQUEUE rules and the userspace impairment on them
   iptables libnetfilter-queue-dev
+  # the SIWX_TRACE test decodes the trace as iWARP with Wireshark's dissectors
+  tshark
 )
 if [ "${1:-}" = "--packaging" ]; then
   what="packaging tools"
@@ -53,5 +57,10 @@ if [ "$(id -u)" -ne 0 ]; then
   fi
 fi
 export DEBIAN_FRONTEND=noninteractive
+# tshark's wireshark-common asks whether non-root users may capture: no.
+if printf '%s\n' "${missing[@]}" | grep -qx tshark; then
+  echo "wireshark-common wireshark-common/install-setuid boolean false" |
+    $sudo debconf-set-selections
+fi
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

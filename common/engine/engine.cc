@@ -145,13 +145,13 @@ void Engine::Run() {
     bool rung = false;
     for (int i = 0; i < n; ++i) {
       const transport::Poller::Event& ev = events[static_cast<std::size_t>(i)];
-      if (ev.cookie == &doorbell_) {
+      if (ev.ptr() == &doorbell_) {
         rung = true;
         continue;
       }
       // Valid: the registry keeps the QP alive until its detach command,
       // which runs only after this batch.
-      static_cast<Qp*>(ev.cookie)->OnPollEvent(ev.readable, ev.writable, ev.hangup);
+      static_cast<Qp*>(ev.ptr())->OnPollEvent(ev.readable, ev.writable, ev.hangup);
     }
     if (rung) doorbell_.Drain();
     RunCommands();

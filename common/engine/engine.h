@@ -7,10 +7,11 @@
 // a Doorbell (eventfd); it never busy-polls (docs/performance-notes.md 3:
 // spinning engine threads destroy latency on a 2-vCPU host). It does the
 // receive processing (so an RDMA Write target makes progress while its
-// application does nothing) unless an application thread that polls the
-// QP's receive CQ empty takes that turn itself (Qp::DriveFromPoll: a thread
+// application does nothing) unless an application thread that polls one of
+// the QP's CQs empty takes that turn itself (Qp::DriveFromPoll: a thread
 // spinning in ibv_poll_cq needs no wake-up of this one). It produces Read
-// Responses, continues transmitting when a socket becomes writable, and
+// Responses, continues transmitting when a socket becomes writable (unless
+// a thread polling the send CQ got there first), and
 // runs the commands application threads hand it (attach a stream, finalize
 // a QP after an error or close, detach on destroy, flush receives, take
 // over a transmit turn).

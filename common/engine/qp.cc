@@ -7,6 +7,8 @@
 #include <utility>
 
 #include "common/engine/engine.h"
+#include "common/transport/endpoints.h"
+#include "common/util/log.h"
 
 namespace siwx::engine {
 namespace {
@@ -21,6 +23,73 @@ thread_local const Qp* tls_tx_owner = nullptr;
 thread_local const Qp* tls_rx_driver = nullptr;
 
 bool InsideEngineTurn() { return tls_tx_owner != nullptr || tls_rx_driver != nullptr; }
+
+const char* OnOff(bool on) { return on ? "on" : "off"; }
+
+const char* RtrLabel(const StreamParams& p) {
+  switch (p.rtr_role) {
+    case RtrRole::kNone: return p.await_first_fpdu ? "no RTR, awaits the first FPDU" : "no RTR";
+    case RtrRole::kSend:
+      switch (p.rtr_message) {
+        case RtrMessage::kSend: return "sends a Send RTR";
+        case RtrMessage::kWrite: return "sends a Write RTR";
+        case RtrMessage::kRead: return "sends a Read RTR";
+      }
+      return "sends an RTR";
+    case RtrRole::kAwait: return "awaits the RTR";
+  }
+  return "?";
+}
+
+// One info line per stream with what it negotiated: an operator reading a
+// log of a failed job sees how each QP was connected.
+void LogBound(std::uint32_t qp_num, int fd, const StreamParams& p, std::size_t max_ulpdu) {
+  if (!log::Enabled(log::Level::kInfo)) return;
+  const transport::Endpoints ends = transport::QueryEndpoints(fd);
+  SIWX_QP_LOG(kInfo, qp_num,
+              "connected %s -> %s: %s, Rev %u, CRC %s, markers tx %s rx %s, large FPDUs %s, "
+              "IRD %u ORD %u, max ULPDU %zu, %s",
+              transport::FormatEndpoint(ends.local).c_str(),
+              transport::FormatEndpoint(ends.peer).c_str(), MpaDialectLabel(p.mpa_dialect),
+              static_cast<unsigned>(p.mpa_revision), OnOff(p.crc_enabled), OnOff(p.tx_markers),
+              OnOff(p.rx_markers), OnOff(p.large_fpdus), p.ird, p.ord, max_ulpdu, RtrLabel(p));
+}
+
+void PublishCause(stats::QpSlot* slot, stats::CauseRecord stats::QpDescription::*which,
+                  const rdmap::TerminateCause& cause) {
+  stats::UpdateDescription(slot, [&](stats::QpDescription& d) {
+    stats::RecordCause(&(d.*which), cause.layer, cause.etype, cause.ecode);
+  });
+}
+
+void PublishBound(stats::QpSlot* slot, int fd, const StreamParams& p, std::size_t max_ulpdu) {
+  if (slot == nullptr) return;
+  const transport::Endpoints ends = transport::QueryEndpoints(fd);
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  stats::UpdateDescription(slot, [&](stats::QpDescription& d) {
+    d = stats::QpDescription{};  // a new stream (a QP is bound again after RESET)
+    d.bound = 1;
+    d.mpa_dialect = p.mpa_dialect;
+    d.mpa_revision = p.mpa_revision;
+    d.crc = p.crc_enabled ? 1 : 0;
+    d.tx_markers = p.tx_markers ? 1 : 0;
+    d.rx_markers = p.rx_markers ? 1 : 0;
+    d.large_fpdus = p.large_fpdus ? 1 : 0;
+    d.rtr_role = static_cast<std::uint8_t>(p.rtr_role);
+    d.ird = p.ird;
+    d.ord = p.ord;
+    d.max_ulpdu = static_cast<std::uint32_t>(max_ulpdu);
+    d.local = ends.local;
+    d.peer = ends.peer;
+    d.bound_unix_ms = static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(now).count());
+  });
+}
+
+void LogCause(std::uint32_t qp_num, const char* what, const rdmap::TerminateCause& cause) {
+  if (!log::Enabled(log::Level::kInfo)) return;
+  SIWX_QP_LOG(kInfo, qp_num, "%s: %s", what, rdmap::DescribeTerminateCause(cause).c_str());
+}
 
 WcOpcode WcOpcodeOf(SendOpcode opcode) {
   switch (opcode) {
@@ -94,9 +163,10 @@ Qp::Qp(Engine* engine, std::uint32_t qp_num, const QpConfig& config,
       tx_(*this),
       rx_(*this) {
   sq_.slots.resize(config_.sq_caps.max_wr);
+  if (stats_slot_ != nullptr) state_.SetMirror(&stats_slot_->state);
 }
 
-Qp::~Qp() = default;
+Qp::~Qp() { stats::StatsFile::ReleaseForProcess(stats_slot_); }
 
 // ---- Transmit gate ----
 
@@ -150,6 +220,16 @@ PostStatus Qp::PostSend(const SendWorkRequest& wr) {
 }
 
 PostStatus Qp::PostSend(std::span<const SendWorkRequest> wrs, std::size_t* posted) {
+  return PostSendList(wrs, posted, false);
+}
+
+PostStatus Qp::PostSendAll(std::span<const SendWorkRequest> wrs) {
+  std::size_t posted = 0;
+  return PostSendList(wrs, &posted, true);
+}
+
+PostStatus Qp::PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* posted,
+                            bool all_or_nothing) {
   std::size_t count = 0;
   PostStatus status = PostStatus::kOk;
   bool flushed = false;
@@ -157,10 +237,29 @@ PostStatus Qp::PostSend(std::span<const SendWorkRequest> wrs, std::size_t* poste
     status = PostStatus::kInvalidState;
   } else {
     std::lock_guard lock(queue_mutex_);
+    if (all_or_nothing) {
+      // The same checks as the loop below, all made before anything is queued.
+      for (const SendWorkRequest& wr : wrs) {
+        status = ValidateSendWorkRequest(wr, config_.sq_caps);
+        if (status != PostStatus::kOk) break;
+      }
+      if (status == PostStatus::kOk && !wrs.empty() &&
+          SendPostDisposition(state_.state()) == PostDisposition::kReject) {
+        status = PostStatus::kInvalidState;
+      }
+      if (status == PostStatus::kOk && sq_.slots.size() - sq_.size() < wrs.size()) {
+        status = PostStatus::kQueueFull;
+      }
+      if (status != PostStatus::kOk) wrs = {};
+    }
     for (const SendWorkRequest& wr : wrs) {
       status = ValidateSendWorkRequest(wr, config_.sq_caps);
       if (status != PostStatus::kOk) break;
-      const PostDisposition disposition = SendPostDisposition(state_.state());
+      PostDisposition disposition = SendPostDisposition(state_.state());
+      if (disposition == PostDisposition::kReject && state_.state() == QpState::kRtr &&
+          queue_sends_before_stream_.load(std::memory_order_acquire)) {
+        disposition = PostDisposition::kAccept;  // waits in the SQ for Bind
+      }
       if (disposition == PostDisposition::kReject) {
         status = PostStatus::kInvalidState;
         break;
@@ -202,7 +301,8 @@ PostStatus Qp::PostRecv(const ReceiveWorkRequest& wr) {
   const PostStatus status = own_rq_->Post(wr);
   if (status != PostStatus::kOk) return status;
   // In ERR the WR completes with WrFlushErr; receive completions are pushed
-  // on the progress thread only, which keeps them in order. Checked after
+  // only by the holder of rx_mutex_, which keeps them in order, so the
+  // flush is the progress thread's (FlushReceives takes it). Checked after
   // the post so a concurrent finalization cannot strand it.
   if (state_.state() == QpState::kError) {
     engine_->Submit({Engine::CommandKind::kFlushReceives, shared_from_this(), 0});
@@ -216,6 +316,13 @@ QpStatus Qp::Modify(QpState target, std::optional<QpState> expected_current) {
   if (destroyed_.load(std::memory_order_acquire)) return QpStatus::kIllegalTransition;
   const TransitionResult t = state_.Modify(target, expected_current);
   if (t.status != QpStatus::kOk) return t.status;
+  if (t.to == QpState::kReset) {
+    queue_sends_before_stream_.store(false);
+    ib_teardown_.store(false);
+  }
+  if (t.from == QpState::kError && t.to == QpState::kError && receives_held_.exchange(false)) {
+    engine_->Submit({Engine::CommandKind::kFlushReceives, shared_from_this(), 0});
+  }
   if ((t.actions & kQpActionCloseLlp) != 0) {
     {
       std::lock_guard lock(queue_mutex_);
@@ -249,6 +356,7 @@ BindStatus Qp::Bind(std::unique_ptr<transport::TcpStream> stream, const StreamPa
   if (max_ulpdu < kMinMaxUlpdu) return BindStatus::kInvalidParams;
   const QpState s = state_.state();
   if (s != QpState::kInit && s != QpState::kRtr) return BindStatus::kInvalidState;
+  int bound_fd = -1;
   {
     std::lock_guard lock(queue_mutex_);
     if (bound_) return BindStatus::kInvalidState;
@@ -264,6 +372,7 @@ BindStatus Qp::Bind(std::unique_ptr<transport::TcpStream> stream, const StreamPa
     tx_terminate_.reset();
     tx_close_ = TxClose::kNone;
     tx_mail_.store(false, std::memory_order_relaxed);
+    bound_fd = stream->fd();
     pending_stream_ = std::move(stream);
   }
   {
@@ -275,6 +384,8 @@ BindStatus Qp::Bind(std::unique_ptr<transport::TcpStream> stream, const StreamPa
   }
   rtr_received_.store(params.rtr_role != RtrRole::kAwait && !params.await_first_fpdu,
                       std::memory_order_release);
+  peer_closed_gracefully_.store(false);
+  receives_held_.store(false);
   teardown_deadline_.store(0, std::memory_order_release);
   LockTxExclusive();
   tx_.Start(params, max_ulpdu);
@@ -289,6 +400,9 @@ BindStatus Qp::Bind(std::unique_ptr<transport::TcpStream> stream, const StreamPa
     pending_stream_.reset();
     return BindStatus::kInvalidState;
   }
+  // The stream is not attached yet, so its descriptor is still open here.
+  LogBound(qp_num_, bound_fd, params, max_ulpdu);
+  PublishBound(stats_slot_, bound_fd, params, max_ulpdu);
   engine_->Submit({Engine::CommandKind::kAttach, shared_from_this(), 0});
   return BindStatus::kOk;
 }
@@ -384,7 +498,10 @@ void Qp::RetireSq() {
       }
       // Pushed outside queue_mutex_ (callbacks may post), inside the gate
       // (so completions keep WR order).
-      for (std::size_t i = 0; i < n; ++i) config_.send_cq->Push(batch[i]);
+      for (std::size_t i = 0; i < n; ++i) {
+        CountCompletion(batch[i].status);
+        config_.send_cq->Push(batch[i]);
+      }
       if (popped == 0) break;
     }
     const std::uint32_t left = sq_cq_gate_.fetch_sub(seen, std::memory_order_acq_rel) - seen;
@@ -403,7 +520,15 @@ void Qp::FlushSqLocked() {
   }
 }
 
+void Qp::CountCompletion(WcStatus status) {
+  if (status == WcStatus::kSuccess || stats_slot_ == nullptr) return;
+  auto& counter = status == WcStatus::kWrFlushErr ? stats_slot_->completions_flushed
+                                                  : stats_slot_->completion_errors;
+  counter.fetch_add(1, std::memory_order_relaxed);
+}
+
 void Qp::PushRecvCompletion(const WorkCompletion& wc, bool solicited) {
+  CountCompletion(wc.status);
   config_.recv_cq->Push(wc, solicited);
 }
 
@@ -416,8 +541,14 @@ bool Qp::RaiseError(const ErrorReport& report) {
     error_raised_ = true;
     if (report.terminate) {
       terminate_sent_ = report.terminate;
+      LogCause(qp_num_, "Terminate sent to the peer", report.terminate->cause);
+      PublishCause(stats_slot_, &stats::QpDescription::terminate_sent, report.terminate->cause);
     } else if (!report.peer_terminated) {
       local_error_ = report.cause;
+      PublishCause(stats_slot_, &stats::QpDescription::local_error, report.cause);
+      LogCause(qp_num_, report.abort ? "stream reset (RST) without a Terminate"
+                                     : "stream failed without a Terminate",
+               report.cause);
     }
     if (report.failed_seq) {
       std::lock_guard queue_lock(queue_mutex_);
@@ -461,7 +592,10 @@ bool Qp::RaiseError(const ErrorReport& report) {
 
 void Qp::RecordTerminateReceived(const rdmap::TerminateHeader& header) {
   std::lock_guard lock(info_mutex_);
-  if (!terminate_received_) terminate_received_ = header;
+  if (terminate_received_) return;
+  terminate_received_ = header;
+  LogCause(qp_num_, "Terminate received from the peer", header.cause);
+  PublishCause(stats_slot_, &stats::QpDescription::terminate_received, header.cause);
 }
 
 void Qp::RequestFinalize(std::uint32_t flags) {
@@ -513,7 +647,10 @@ void Qp::Attach() {
     engine_->ScheduleTimer(shared_from_this(), *first_fpdu_deadline_);
   }
   if (!driven_) {
+    // Both CQs: the application thread that polls either one gives this
+    // QP's receive (and transmit) side a turn (DriveFromPoll).
     config_.recv_cq->AddDriver(this);
+    config_.send_cq->AddDriver(this);
     driven_ = true;
   }
   if (add_error != 0) {
@@ -588,7 +725,13 @@ void Qp::Finalize(std::uint32_t flags) {
     tx_mail_.store(false, std::memory_order_relaxed);
   }
   if (!discard) RetireSq();
-  if (own_rq_) {
+  // UseIbTeardown: the peer ended the stream in order; its end leaves our
+  // receives as they are (the application may still be polling for the
+  // last message, and a flush in the same poll would look like a failure).
+  const bool hold_receives = ib_teardown_.load() && peer_closed_gracefully_.load() && !abort &&
+                             !discard;
+  if (hold_receives) receives_held_.store(true);
+  if (own_rq_ && !hold_receives) {
     std::vector<ReceiveWorkRequest> flushed = own_rq_->Flush();
     if (!discard) {
       for (const ReceiveWorkRequest& wr : flushed) {
@@ -622,7 +765,17 @@ void Qp::Detach() {
     tx_.Stop();
     if (stream_) {
       StopPolling();
-      stream_->Abort();
+      if (ib_teardown_.load() && !finalized_) {
+        // FIN after what TCP still holds; reading what the peer sent first
+        // keeps the close from turning into a RST.
+        stream_->ShutdownWrite();
+        std::array<std::uint8_t, 4096> sink;
+        for (int i = 0; i < 256; ++i) {
+          if (stream_->Read(sink).status != transport::IoStatus::kOk) break;
+        }
+      } else {
+        stream_->Abort();
+      }
       stream_.reset();
     }
     rx_.Stop();
@@ -631,8 +784,9 @@ void Qp::Detach() {
   }
   if (driven_) {
     // Waits for a poll that is inside DriveFromPoll; after this no
-    // application thread reaches the QP through its receive CQ.
+    // application thread reaches the QP through its CQs.
     config_.recv_cq->RemoveDriver(this);
+    config_.send_cq->RemoveDriver(this);
     driven_ = false;
   }
   std::lock_guard lock(queue_mutex_);
@@ -641,6 +795,7 @@ void Qp::Detach() {
 
 void Qp::FlushReceives() {
   if (detached_ || !own_rq_ || state_.state() != QpState::kError) return;
+  receives_held_.store(false);
   std::lock_guard rx_lock(rx_mutex_);
   for (const ReceiveWorkRequest& wr : own_rq_->Flush()) {
     WorkCompletion wc;
@@ -659,6 +814,8 @@ void Qp::OnTimer(std::chrono::steady_clock::time_point now) {
     if (!rtr_received_.load(std::memory_order_acquire)) {
       // RFC 5044 7.1.2 rules 4 and 10: no first FPDU (or RTR) in time. We
       // may send no FPDU before it, a Terminate included: reset the stream.
+      SIWX_QP_LOG(kInfo, qp_num_, "no first FPDU or RTR from the peer in time (RFC 5044 7.1.2 "
+                  "rule 10)");
       ErrorReport report;
       report.cause = rdmap::TerminateCause::MpaConnectionLost();
       report.event = AsyncEventType::kQpFatal;
@@ -678,8 +835,12 @@ void Qp::OnTimer(std::chrono::steady_clock::time_point now) {
     if (!error_raised_) {
       error_raised_ = true;
       local_error_ = rdmap::TerminateCause::MpaConnectionLost();
+      PublishCause(stats_slot_, &stats::QpDescription::local_error, *local_error_);
     }
   }
+  SIWX_QP_LOG(kInfo, qp_num_,
+              "teardown bound of %lld ms passed with the stream still open: resetting it (RST)",
+              static_cast<long long>(engine_->teardown_timeout().count()));
   // Not finalized: flush, Error, stream closed with RST. Finalized but the
   // peer never closed its side: only the RST.
   Finalize(kFinalizeAbort);
@@ -706,15 +867,26 @@ void Qp::DriveFromPoll(const CompletionQueue& polled) {
       engine_->OnProgressThread() || !ProcessesInbound(state_.state())) {
     return;
   }
-  // Only receives complete through this turn. Read Responses (send CQ) are
-  // left to the progress thread: driving them from ib_read_lat's poll loop
-  // measured slower at 2 B (median 18.8 us against 13.6 us without).
-  if (&polled != config_.recv_cq || rq_->size() == 0) return;
+  const bool send_cq = &polled == config_.send_cq;
+  // Send and Write WRs complete once TCP took them: when the transmit side
+  // waits for room in the socket, try again here instead of waiting for
+  // the progress thread to be woken by the socket's writability.
+  if (send_cq && tx_waits_for_room_.load(std::memory_order_acquire)) KickTx();
+  // Receive work completes on `polled` only for an inbound Send (receive
+  // CQ, a receive posted) or the last Read Response of one of our Reads
+  // (send CQ); otherwise an empty poll costs no recvmsg.
+  const bool receives = &polled == config_.recv_cq && rq_->size() > 0;
+  if (!receives && !(send_cq && ReadsOutstanding())) return;
   std::unique_lock rx_lock(rx_mutex_, std::try_to_lock);
   if (!rx_lock.owns_lock() || !attached_ || finalized_ || detached_ || !stream_) return;
   tls_rx_driver = this;
   rx_.OnReadable(*stream_);
   tls_rx_driver = nullptr;
+}
+
+bool Qp::ReadsOutstanding() const {
+  std::lock_guard lock(queue_mutex_);
+  return orq_ && !orq_->empty();
 }
 
 bool Qp::SetWriteInterest(bool want) {
@@ -723,6 +895,7 @@ bool Qp::SetWriteInterest(bool want) {
   if (want_write_ != want) {
     if (engine_->poller().Modify(poll_fd_, this, !read_closed_, want) != 0) return false;
     want_write_ = want;
+    tx_waits_for_room_.store(want, std::memory_order_release);
   }
   return true;
 }
@@ -740,6 +913,7 @@ void Qp::StopPolling() {
   engine_->poller().Remove(poll_fd_);
   polled_ = false;
   want_write_ = false;
+  tx_waits_for_room_.store(false, std::memory_order_release);
 }
 
 void Qp::EmitEvent(AsyncEventType type) { engine_->Emit(AsyncEvent{type, qp_num_}); }

@@ -32,15 +32,21 @@
 //    Error and every WR is flushed. So a peer that stops reading, or
 //    vanishes, never pins a QP.
 //
-// Threading. Three kinds of threads touch a QP:
+// Threading. Two kinds of threads touch a QP, and which one runs a piece of
+// work is decided by two locks, not by the thread:
 //  - application threads: posts, Modify, Query, Bind, Disconnect, Destroy;
-//  - the engine's progress thread: receive processing (QpRx), the commands
-//    below, and transmit when the socket becomes writable;
-//  - whichever thread currently owns the transmit gate (QpTx): an
-//    application thread posting inline, or the progress thread;
-//  - whichever thread holds the receive lock (`rx_mutex_`, QpRx): the
-//    progress thread, or an application thread polling the QP's receive CQ
-//    empty (DriveFromPoll), which only tries the lock.
+//    and, when they can take it, the QP's transmit and receive work
+//    (run-to-completion, so a busy-polling application needs no second
+//    runnable thread): PostSend transmits inline, and polling either CQ
+//    empty gives the QP a turn (DriveFromPoll);
+//  - the engine's progress thread: the commands below (attach, finalize,
+//    detach, flush), the timers, and the fallback for all of the above: it
+//    blocks in epoll_wait and receives when the socket is readable, and
+//    transmits when it is writable, for applications that do not poll
+//    (the passive side of ib_write_bw) or that sleep in a blocking wait.
+// The transmit side (QpTx) runs in whichever thread owns the transmit gate
+// (`tx_gate_`); the receive side (QpRx) in whichever holds `rx_mutex_`,
+// which the progress thread takes and application threads only try.
 // The transmit gate (`tx_gate_`) is a counter: the thread that moves it from
 // 0 owns the transmit side and runs QpTx::Pump until no kick is left; a
 // thread that finds it non-zero only adds its kick and returns, and the
@@ -97,6 +103,7 @@
 #include "common/engine/stream_params.h"
 #include "common/engine/tx.h"
 #include "common/engine/work_request.h"
+#include "common/stats/stats_file.h"
 #include "common/transport/tcp_stream.h"
 #include "common/wire/terminate.h"
 
@@ -203,8 +210,25 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   // idle; otherwise the current owner or the progress thread sends it.
   PostStatus PostSend(const SendWorkRequest& wr);
   PostStatus PostSend(std::span<const SendWorkRequest> wrs, std::size_t* posted);
+  // ibv_wr_complete: every WR of `wrs` or none (the status of the first WR
+  // that would fail, or kQueueFull when the SQ lacks room for all of them).
+  PostStatus PostSendAll(std::span<const SendWorkRequest> wrs);
   // ibv_post_recv; kInvalidState when the QP uses an SRQ (post there).
   PostStatus PostRecv(const ReceiveWorkRequest& wr);
+
+  // Out-of-band connect (docs/out-of-band-connect.md): the application
+  // asked for RTS while the stream is still being set up. From now on send
+  // WRs posted in RTR are queued instead of refused; Bind starts them, in
+  // order, ahead of anything posted later; an error before that flushes them.
+  void QueueSendsBeforeStream() { queue_sends_before_stream_.store(true); }
+  // Out-of-band connect: end the stream as an InfiniBand RC QP ends, which
+  // is what programs that connect QPs themselves expect. Destroy closes
+  // with FIN after what TCP holds (not RST: the peer's last message may
+  // still be in our send buffer), and the peer's orderly close leaves the
+  // posted receives outstanding instead of flushing them (a peer that
+  // destroys its QP does not flush ours on InfiniBand); they flush on a
+  // later ibv_modify_qp to ERR or post_recv. Cleared at RESET.
+  void UseIbTeardown() { ib_teardown_.store(true); }
 
   // ibv_modify_qp(IBV_QP_STATE). Entering ERR aborts the stream (RST) and
   // flushes every WR; RESET discards them; SQD is Disconnect.
@@ -232,19 +256,30 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   // Lets the caller (e.g. poll_cq) give the transmit side a turn.
   void ProgressSend() { KickTx(); }
 
-  // One receive turn on the calling application thread, called by a CQ
-  // this QP completes work on when it is polled empty (PollWithProgress):
-  // reads what the socket holds and completes it here, without waiting for
-  // the progress thread to be scheduled. Only for the QP's receive CQ with a
-  // receive posted (an inbound Send can complete), so a poll loop that waits
-  // for send completions costs no recvmsg. Does nothing when another thread
-  // is in the receive side, on the progress thread, or outside RTS.
+  // A turn of this QP's work on the calling application thread, called by
+  // either of its CQs when polled empty (PollWithProgress), so that a
+  // busy-polling application completes its own work without waiting for
+  // the progress thread to be scheduled:
+  //  - receive CQ with a receive posted: the receive side reads what the
+  //    socket holds (an inbound Send can complete);
+  //  - send CQ with a Read outstanding: the same (its Read Response);
+  //  - send CQ while the transmit side waits for room in the socket: a
+  //    transmit turn (Sends and Writes complete once TCP took them).
+  // Otherwise an empty poll costs no system call. The receive turn only
+  // tries rx_mutex_ and the transmit turn goes through the gate, so nothing
+  // is processed twice; does nothing on the progress thread, inside a
+  // receive turn (callbacks), or outside RTS.
   void DriveFromPoll(const CompletionQueue& polled) override;
 
  private:
   friend class Engine;
   friend class QpTx;
   friend class QpRx;
+
+  // PostSend and PostSendAll: queues a prefix of `wrs`, or with
+  // all_or_nothing all of them or none.
+  PostStatus PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* posted,
+                          bool all_or_nothing);
 
   // One send WR from post to completion. Fields are written under
   // queue_mutex_ (the WR record only at post time).
@@ -314,6 +349,8 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   // Marks every unfinished SQ entry done with WrFlushErr (queue_mutex_ held).
   void FlushSqLocked();
   void PushRecvCompletion(const WorkCompletion& wc, bool solicited);
+  // Counts an unsuccessful completion in the stats slot.
+  void CountCompletion(WcStatus status);
 
   // ---- Errors ----
   // First error wins: records it, moves the state, hands the Terminate (if
@@ -342,6 +379,8 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   // writability; Finalize removes it.
   bool SetWriteInterest(bool want);
   void StopPolling();
+  // A Read of ours waits for its response (the ORQ is not empty).
+  bool ReadsOutstanding() const;
   void StopReading();
 
   void EmitEvent(AsyncEventType type);
@@ -354,6 +393,11 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
 
   QpStateMachine state_;                 // atomic
   std::atomic<bool> destroyed_{false};   // Destroy called
+  // Send posts in RTR are queued (QueueSendsBeforeStream); cleared at RESET.
+  std::atomic<bool> queue_sends_before_stream_{false};
+  std::atomic<bool> ib_teardown_{false};             // UseIbTeardown
+  std::atomic<bool> peer_closed_gracefully_{false};  // RX: FIN at a message boundary
+  std::atomic<bool> receives_held_{false};           // Finalize kept the RQ (ib_teardown_)
   // RX -> TX: we may transmit (the peer's RTR, or the first FPDU a
   // responder waits for, arrived; true at once otherwise).
   std::atomic<bool> rtr_received_{false};
@@ -388,6 +432,9 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   bool want_write_ = false;   // guarded by poll_mutex_
   bool read_closed_ = false;  // guarded by poll_mutex_
   int poll_fd_ = -1;          // guarded by poll_mutex_
+  // want_write_, for DriveFromPoll without poll_mutex_: the transmit side
+  // stopped at a full socket and waits for it to drain.
+  std::atomic<bool> tx_waits_for_room_{false};  // written under poll_mutex_
 
   // Owned by the transmit-gate holder. `stream_` is set and reset only on the
   // progress thread while it holds the gate exclusively, so the gate holder
@@ -414,14 +461,17 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   // Progress thread: when the wait for the first FPDU / the RTR ends.
   std::optional<std::chrono::steady_clock::time_point> first_fpdu_deadline_;
 
-  // Counters: single writer each (gate holder for tx_*, progress thread for
-  // rx_*), relaxed atomics so readers need no lock.
-  struct AtomicCounters {
-    std::atomic<std::uint64_t> tx_fpdus{0}, tx_octets{0}, tx_syscalls{0}, tx_would_block{0};
-    std::atomic<std::uint64_t> rx_fpdus{0}, rx_octets{0}, rx_syscalls{0};
-    std::atomic<std::uint64_t> rx_staged_payload{0}, rx_direct_payload{0};
-  };
-  AtomicCounters counters_;
+  // This QP's slot in the process's statistics file (`siwx stat`), or null
+  // (SIWX_STATS=off, no slot left). Taken at creation, freed in ~Qp.
+  stats::QpSlot* const stats_slot_ = stats::StatsFile::AcquireForProcess(qp_num_);
+
+  // Counters: single writer each (the transmit gate's owner for tx_*, the
+  // rx_mutex_ holder for rx_*), relaxed atomics so readers need no lock.
+  // They live in the stats slot when there is one, so `siwx stat` reads
+  // them with no extra work on the data path.
+  using AtomicCounters = stats::QpCounterBlock;
+  AtomicCounters own_counters_;
+  AtomicCounters& counters_ = stats_slot_ != nullptr ? stats_slot_->counters : own_counters_;
 };
 
 // Bumps a single-writer counter without a locked instruction.

@@ -175,6 +175,14 @@ bool ProcessesInbound(QpState state) {
 
 bool ProcessesSendQueue(QpState state) { return state == QpState::kRts; }
 
+void QpStateMachine::UpdateMirror() {
+  if (mirror_ == nullptr) return;
+  // The state now, not the one this transition made: of two racing
+  // transitions the later store still shows the latest state.
+  mirror_->store(static_cast<std::uint8_t>(state_.load(std::memory_order_acquire)),
+                 std::memory_order_relaxed);
+}
+
 TransitionResult QpStateMachine::Modify(QpState target, std::optional<QpState> expected_current) {
   QpState current = state_.load(std::memory_order_acquire);
   for (;;) {
@@ -185,6 +193,7 @@ TransitionResult QpStateMachine::Modify(QpState target, std::optional<QpState> e
     if (result.status != QpStatus::kOk) return result;
     if (state_.compare_exchange_weak(current, result.to, std::memory_order_acq_rel,
                                      std::memory_order_acquire)) {
+      UpdateMirror();
       return result;
     }
     // `current` was reloaded by the failed exchange: decide again.
@@ -198,6 +207,7 @@ TransitionResult QpStateMachine::Handle(QpEvent event) {
     if (result.status != QpStatus::kOk) return result;
     if (state_.compare_exchange_weak(current, result.to, std::memory_order_acq_rel,
                                      std::memory_order_acquire)) {
+      UpdateMirror();
       return result;
     }
   }

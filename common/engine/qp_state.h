@@ -138,8 +138,18 @@ class QpStateMachine {
   TransitionResult Modify(QpState target, std::optional<QpState> expected_current = std::nullopt);
   TransitionResult Handle(QpEvent event);
 
+  // A copy of the state kept up to date for readers in other processes
+  // (`siwx stat`); set once, before any transition.
+  void SetMirror(std::atomic<std::uint8_t>* mirror) {
+    mirror_ = mirror;
+    UpdateMirror();
+  }
+
  private:
+  void UpdateMirror();
+
   std::atomic<QpState> state_{QpState::kReset};
+  std::atomic<std::uint8_t>* mirror_ = nullptr;
 };
 
 }  // namespace siwx::engine

@@ -12,9 +12,6 @@
 namespace siwx::engine {
 namespace {
 
-// Staging buffer for framing octets (and payload that arrives with them):
-// many small FPDUs per recvmsg, and never more than this copied per read.
-constexpr std::size_t kStagingSize = 16 * 1024;
 // recvmsg calls one readable event may make before yielding to other QPs.
 constexpr int kReadsPerTurn = 64;
 
@@ -91,6 +88,7 @@ void QpRx::Start(const StreamParams& params) {
   response_received_ = 0;
   terminate_length_ = 0;
   last_boundary_ = 0;
+  last_fpdu_large_ = false;
   awaiting_rtr_ = params.rtr_role == RtrRole::kAwait;
   started_ = true;
   stopped_ = false;
@@ -148,10 +146,21 @@ void QpRx::OnReadable(transport::TcpStream& stream) {
     if (socket_drained_) break;
     const mpa::RxDemand demand = parser_->Demand();
     if (demand.kind == mpa::RxDemand::Kind::kFailed) break;
-    const ReadOutcome outcome = (demand.kind == mpa::RxDemand::Kind::kPayload &&
-                                 segment_ != Segment::kTerminate)
-                                    ? ReadPayloadDirect(stream, demand)
-                                    : ReadIntoStaging(stream);
+    // Large payloads go straight into their targets: a demand that is
+    // large, or the rest of a large FPDU's payload (after a staged read or
+    // a short direct one ended inside it). So does the payload of a small
+    // FPDU right after a large one (the last segment of a large message):
+    // a 64 KiB staged read there would pull the next large FPDU in and copy
+    // it. A stream of large FPDUs so stays at one recvmsg per FPDU and no
+    // copy. With markers every demand stops at the next marker (at most 512
+    // octets apart): staged.
+    const bool large_fpdu = !params_.rx_markers && (payload_length_ >= kDirectPlacementMin ||
+                                                    last_fpdu_large_);
+    const bool direct = demand.kind == mpa::RxDemand::Kind::kPayload &&
+                        segment_ != Segment::kTerminate &&
+                        (demand.length >= kDirectPlacementMin || large_fpdu);
+    const ReadOutcome outcome =
+        direct ? ReadPayloadDirect(stream, demand) : ReadIntoStaging(stream);
     ++reads;
     if (outcome != ReadOutcome::kProgress) break;
   }
@@ -604,6 +613,7 @@ void QpRx::HeaderTerminate(const rdmap::DdpRdmapHeader& h) {
 
 void QpRx::OnFpduComplete() {
   CounterAdd(qp_.counters_.rx_fpdus, 1);
+  last_fpdu_large_ = payload_length_ >= kDirectPlacementMin;
   if (pending_) {
     const PendingError error = *pending_;
     pending_.reset();
@@ -815,6 +825,7 @@ void QpRx::OnPeerClosed() {
     return;
   }
   stopped_ = true;
+  qp_.peer_closed_gracefully_.store(true);
   // An orderly close at a message boundary: send what was posted, then FIN;
   // the QP goes to ERR (qp_state.h kPeerClosing).
   const TransitionResult t = qp_.state_.Handle(QpEvent::kPeerClosing);

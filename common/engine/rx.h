@@ -5,13 +5,19 @@
 // target: registered memory for tagged segments (RDMA Write, Read Response),
 // the posted receive WR's SGEs for untagged Sends.
 //
-// Placement. For a payload demand the receive side builds an iovec of the
-// target range(s) of exactly the demanded octets and appends a small staging
-// tail sized for the next FPDU's trailer and header, so that in steady state
-// one recvmsg places one FPDU's payload and fetches the framing of the next
-// (docs/performance-notes.md 2). Framing octets, and payload that arrived
-// in the staging buffer together with them, go through the staging buffer.
-// Nothing is ever read into a target beyond what the parser demanded.
+// Placement. Small payloads and all framing go through a staging buffer:
+// one recvmsg reads a large chunk of the stream into it (64 KiB), the parser
+// walks every FPDU in it, and each payload piece is copied into its target,
+// so MTU-sized FPDUs (what every non-siwx peer sends) cost a fraction of a
+// system call each. A payload demand of at least kDirectPlacementMin octets
+// (12 KiB, where the copy starts to cost more than the call it saves), the
+// rest of any payload that large, and the payload of the FPDU after such a
+// large one, are instead received straight into their target with one
+// recvmsg each, whose iovec
+// is the target range(s) of exactly the demanded octets plus a small
+// staging tail for the next FPDU's trailer and header
+// (docs/performance-notes.md 2). Nothing is ever read into a target beyond
+// what the parser demanded: the staging buffer takes everything else.
 //
 // Validation comes before placement: a segment is checked whole when its
 // header arrives (STag, PD, rights, bounds, MSN, MO, lengths); one that fails
@@ -25,19 +31,24 @@
 // read-only, munmap) after registering it breaks the registration, which
 // checked the mappings (providers/siwx/memory_map.h). recvmsg straight into
 // such a target fails with EFAULT and ends the stream as a local protection
-// error (PlacementFaulted). Payload that came in the staging buffer is
-// copied with memcpy, which faults (SIGSEGV) like a store by the
-// application itself: a kernel provider's pinned pages take the NIC's
-// writes whatever the protection, a userspace copy cannot, and checking the
-// protection before every copy would cost a system call per FPDU.
+// error (PlacementFaulted). Payload that came in the staging buffer (every
+// piece below kDirectPlacementMin) is copied with memcpy, which faults
+// (SIGSEGV) like a store by the application itself: a kernel provider's
+// pinned pages take the NIC's writes whatever the protection, a userspace
+// copy cannot, and a copy that reports the fault instead (a check per copy,
+// or process_vm_writev: 5x the memcpy time, performance-notes.md 2) would
+// cost more than the system calls the staging buffer saves.
 //
 // Payload is placed before the FPDU's CRC has been checked (direct
 // placement); only a completed FPDU with a good CRC completes anything.
 // After an error nothing more is processed: what arrives is read and
 // dropped until the peer closes.
 //
-// Threading: the progress thread only; no lock of its own. It takes the QP's
-// queue_mutex_ briefly for the ORQ/IRQ and kicks the transmit side.
+// Threading: every method runs with the QP's rx_mutex_ held, by the
+// progress thread (socket readable, commands) or by an application thread
+// that polls one of the QP's CQs empty (Qp::DriveFromPoll, which only tries
+// the lock); no lock of its own. It takes the QP's queue_mutex_ briefly for
+// the ORQ/IRQ and kicks the transmit side (the gate, qp.h).
 #pragma once
 
 #include <sys/uio.h>
@@ -74,6 +85,14 @@ rdmap::TerminateCause ReadSourceCause(AccessStatus status);
 
 class QpRx {
  public:
+  // One recvmsg into the staging buffer fetches up to this much of the
+  // stream; every FPDU in it is parsed and its payload copied out.
+  static constexpr std::size_t kStagingSize = 64 * 1024;
+  // A payload demand at least this large is received straight into its
+  // target; a smaller one goes through the staging buffer with the FPDUs
+  // around it. Both measured (docs/performance-notes.md 2).
+  static constexpr std::size_t kDirectPlacementMin = 12 * 1024;
+
   explicit QpRx(Qp& qp);
   ~QpRx();
   QpRx(const QpRx&) = delete;
@@ -204,6 +223,7 @@ class QpRx {
 
   bool awaiting_rtr_ = false;
   std::uint64_t last_boundary_ = 0;  // parser stream position after the last FPDU
+  bool last_fpdu_large_ = false;     // its payload was at least kDirectPlacementMin
 
   std::array<RegionRef, kMaxSge> refs_;
   std::size_t ref_count_ = 0;

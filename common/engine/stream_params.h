@@ -98,7 +98,23 @@ struct StreamParams {
   // kAwait: every RTR message the Reply advertised, bit 1 << RtrMessage;
   // the Initiator picks one of them (RFC 6581 9.2), so any may arrive.
   std::uint8_t rtr_accept_mask = 0;
+
+  // Informational, for logs and `siwx stat`: the MPA startup dialect the CM
+  // negotiated (enum siwx_mpa_dialect numbering: 1 v1, 2 v1 + Rtr, 3 v2; 0
+  // unknown) and the Rev of the Reply. The data path never reads them.
+  std::uint8_t mpa_dialect = 0;
+  std::uint8_t mpa_revision = 0;
 };
+
+// "MPA v2 (RFC 6581)" etc. for StreamParams::mpa_dialect.
+inline const char* MpaDialectLabel(std::uint8_t dialect) {
+  switch (dialect) {
+    case 1: return "MPA v1 (RFC 5044)";
+    case 2: return "MPA v1 + Rtr (not an RFC)";
+    case 3: return "MPA v2 (RFC 6581)";
+    default: return "MPA dialect unknown";
+  }
+}
 
 // The max ULPDU a stream with these parameters sends, given the TCP EMSS (0
 // when the stream is not TCP). Never above what kLargeFpduEmss allows, so

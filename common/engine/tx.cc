@@ -61,7 +61,9 @@ void QpTx::Start(const StreamParams& params, std::size_t max_ulpdu) {
   terminate_framed_ = false;
   {
     std::lock_guard lock(qp_.queue_mutex_);
-    tx_seq_ = qp_.sq_.tail;
+    // From the head: WRs queued in RTR before the stream (out-of-band
+    // connect) go first. Otherwise the SQ is empty here (head == tail).
+    tx_seq_ = qp_.sq_.head;
   }
   started_ = true;
 }

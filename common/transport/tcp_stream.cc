@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 #include "common/transport/tcp_stream.h"
 
+#include "common/transport/socket_ops.h"
+
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -10,6 +12,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+
+#include "common/trace/stream_trace.h"
 
 namespace siwx::transport {
 namespace {
@@ -38,28 +42,43 @@ TcpStream::TcpStream(int fd) : fd_(fd) {
   int one = 1;
   // Fails harmlessly (ENOTSUP/EOPNOTSUPP) on a socketpair.
   setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  if (trace::Tracer* tracer = trace::Tracer::Global()) trace_ = tracer->ConnectionOf(fd_);
 }
 
 TcpStream::~TcpStream() {
+  if (trace_ != nullptr) trace::Tracer::Global()->Forget(*trace_);
   if (fd_ >= 0) close(fd_);
 }
 
 IoResult TcpStream::Read(MutableByteSpan into) {
-  return FromSyscall(recv(fd_, into.data(), into.size(), MSG_DONTWAIT), true);
+  const IoResult r = FromSyscall(recv(fd_, into.data(), into.size(), MSG_DONTWAIT), true);
+  if (trace_ != nullptr && r.bytes > 0) {
+    trace::Tracer::Global()->Record(*trace_, trace::Direction::kReceived,
+                                    ByteSpan(into.data(), r.bytes));
+  }
+  return r;
 }
 
 IoResult TcpStream::ReadV(std::span<const iovec> into) {
   msghdr msg{};
   msg.msg_iov = const_cast<iovec*>(into.data());
   msg.msg_iovlen = into.size();
-  return FromSyscall(recvmsg(fd_, &msg, MSG_DONTWAIT), true);
+  const IoResult r = FromSyscall(recvmsg(fd_, &msg, MSG_DONTWAIT), true);
+  if (trace_ != nullptr && r.bytes > 0) {
+    trace::Tracer::Global()->Record(*trace_, trace::Direction::kReceived, into, r.bytes);
+  }
+  return r;
 }
 
 IoResult TcpStream::WriteV(std::span<const iovec> from) {
   msghdr msg{};
   msg.msg_iov = const_cast<iovec*>(from.data());
   msg.msg_iovlen = from.size();
-  return FromSyscall(sendmsg(fd_, &msg, MSG_DONTWAIT | MSG_NOSIGNAL), false);
+  const IoResult r = FromSyscall(sendmsg(fd_, &msg, MSG_DONTWAIT | MSG_NOSIGNAL), false);
+  if (trace_ != nullptr && r.bytes > 0) {
+    trace::Tracer::Global()->Record(*trace_, trace::Direction::kSent, from, r.bytes);
+  }
+  return r;
 }
 
 std::size_t TcpStream::EffectiveMss() const {
@@ -78,27 +97,46 @@ void TcpStream::Abort() {
   fd_ = -1;
 }
 
-Poller::Poller() : epfd_(epoll_create1(EPOLL_CLOEXEC)) {}
+Poller::Poller() : epfd_(epoll_create1(EPOLL_CLOEXEC)) {
+  if (epfd_ < 0) error_ = errno != 0 ? errno : EMFILE;
+}
+
 Poller::~Poller() {
   if (epfd_ >= 0) close(epfd_);
 }
 
-int Poller::Add(int fd, void* cookie, bool want_read, bool want_write) {
+int Poller::Control(int op, int fd, std::uint32_t epoll_events, std::uint64_t cookie) {
   epoll_event ev{};
-  ev.events = EpollMask(want_read, want_write);
-  ev.data.ptr = cookie;
-  return epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev) == 0 ? 0 : errno;
+  ev.events = epoll_events;
+  ev.data.u64 = cookie;
+  return epoll_ctl(epfd_, op, fd, op == EPOLL_CTL_DEL ? nullptr : &ev) == 0 ? 0 : errno;
+}
+
+int Poller::Add(int fd, void* cookie, bool want_read, bool want_write) {
+  return Control(EPOLL_CTL_ADD, fd, EpollMask(want_read, want_write),
+                 reinterpret_cast<std::uintptr_t>(cookie));
 }
 
 int Poller::Modify(int fd, void* cookie, bool want_read, bool want_write) {
-  epoll_event ev{};
-  ev.events = EpollMask(want_read, want_write);
-  ev.data.ptr = cookie;
-  return epoll_ctl(epfd_, EPOLL_CTL_MOD, fd, &ev) == 0 ? 0 : errno;
+  return Control(EPOLL_CTL_MOD, fd, EpollMask(want_read, want_write),
+                 reinterpret_cast<std::uintptr_t>(cookie));
 }
 
-int Poller::Remove(int fd) {
-  return epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr) == 0 ? 0 : errno;
+int Poller::Remove(int fd) { return Control(EPOLL_CTL_DEL, fd, 0, 0); }
+
+int Poller::Update(int fd, std::uint32_t interest, std::uint64_t cookie, bool* registered) {
+  if (interest == 0) {
+    if (!*registered) return 0;
+    *registered = false;
+    return Remove(fd);
+  }
+  std::uint32_t mask = 0;
+  if ((interest & kWantRead) != 0) mask |= EPOLLIN;
+  if ((interest & kWantWrite) != 0) mask |= EPOLLOUT;
+  if ((interest & kWantHangup) != 0) mask |= EPOLLRDHUP;
+  const int rc = Control(*registered ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, fd, mask, cookie);
+  if (rc == 0) *registered = true;
+  return rc;
 }
 
 int Poller::Wait(std::span<Event> events, int timeout_ms) {
@@ -108,7 +146,7 @@ int Poller::Wait(std::span<Event> events, int timeout_ms) {
   const int n = epoll_wait(epfd_, raw, want, timeout_ms);
   if (n <= 0) return 0;
   for (int i = 0; i < n; ++i) {
-    events[i].cookie = raw[i].data.ptr;
+    events[i].cookie = raw[i].data.u64;
     events[i].readable = (raw[i].events & EPOLLIN) != 0;
     events[i].writable = (raw[i].events & EPOLLOUT) != 0;
     events[i].hangup = (raw[i].events & (EPOLLHUP | EPOLLERR | EPOLLRDHUP)) != 0;
@@ -116,20 +154,15 @@ int Poller::Wait(std::span<Event> events, int timeout_ms) {
   return n;
 }
 
-Doorbell::Doorbell() : fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
-Doorbell::~Doorbell() {
-  if (fd_ >= 0) close(fd_);
-}
+Doorbell::Doorbell() { error_ = CreateEventFd(/*nonblocking=*/true, &fd_); }
+
+Doorbell::~Doorbell() { Close(fd_); }
 
 void Doorbell::Ring() {
-  const std::uint64_t one = 1;
   // A full counter (EAGAIN) already means "rung".
-  [[maybe_unused]] ssize_t n = write(fd_, &one, sizeof(one));
+  SignalEventFd(fd_);
 }
 
-void Doorbell::Drain() {
-  std::uint64_t value;
-  [[maybe_unused]] ssize_t n = read(fd_, &value, sizeof(value));
-}
+void Doorbell::Drain() { DrainEventFd(fd_); }
 
 }  // namespace siwx::transport

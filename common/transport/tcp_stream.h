@@ -3,18 +3,24 @@
 //
 // TcpStream wraps one connected, non-blocking stream socket (TCP, or a
 // socketpair in tests) with readv/sendmsg calls that never block and never
-// raise SIGPIPE. Poller is a thin epoll wrapper and Doorbell an eventfd that
-// lets application threads wake a progress thread. None of them know about
-// MPA or RDMA.
+// raise SIGPIPE. Poller is the one epoll wrapper (the engine's progress
+// thread and the CM thread use it) and Doorbell an eventfd that lets other
+// threads wake a polling thread. socket_ops.h has the other socket calls.
+// None of them know about MPA or RDMA.
 #pragma once
 
 #include <sys/uio.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 
 #include "common/util/bytes.h"
+
+namespace siwx::trace {
+class Connection;
+}
 
 namespace siwx::transport {
 
@@ -57,9 +63,18 @@ class TcpStream {
 
  private:
   int fd_;
+  // SIWX_TRACE: this stream's trace, or null (the common case: one branch
+  // per call).
+  std::shared_ptr<trace::Connection> trace_;
 };
 
-// Level-triggered epoll set. `cookie` comes back with each ready event.
+// Interest bits of Poller::Update.
+inline constexpr std::uint32_t kWantRead = 1u << 0;
+inline constexpr std::uint32_t kWantWrite = 1u << 1;
+inline constexpr std::uint32_t kWantHangup = 1u << 2;  // peer FIN (EPOLLRDHUP)
+
+// Level-triggered, close-on-exec epoll set. `cookie` comes back with each
+// ready event: a pointer (the engine's QPs) or a number (the CM's ids).
 class Poller {
  public:
   Poller();
@@ -68,25 +83,37 @@ class Poller {
   Poller& operator=(const Poller&) = delete;
 
   struct Event {
-    void* cookie;
+    std::uint64_t cookie;
     bool readable;
     bool writable;
     bool hangup;  // EPOLLHUP/EPOLLERR/EPOLLRDHUP
+
+    void* ptr() const { return reinterpret_cast<void*>(static_cast<std::uintptr_t>(cookie)); }
   };
 
-  // Returns 0 or an errno.
+  // 0, or the errno epoll_create1 failed with (then every call fails).
+  int error() const { return error_; }
+
+  // Returns 0 or an errno. want_read includes the peer's FIN.
   int Add(int fd, void* cookie, bool want_read, bool want_write);
   int Modify(int fd, void* cookie, bool want_read, bool want_write);
   int Remove(int fd);
+  // Adds, modifies or (interest 0) removes `fd` with kWant* bits;
+  // `registered` says which of those applies and is kept up to date.
+  int Update(int fd, std::uint32_t interest, std::uint64_t cookie, bool* registered);
   // Waits up to timeout_ms (-1 forever); returns the number of events filled
   // (0 on timeout or EINTR).
   int Wait(std::span<Event> events, int timeout_ms);
 
  private:
+  int Control(int op, int fd, std::uint32_t epoll_events, std::uint64_t cookie);
+
   int epfd_;
+  int error_ = 0;
 };
 
-// An eventfd: application threads Ring() it, the progress thread polls it.
+// A non-blocking eventfd: other threads Ring() it, a polling thread sees it
+// readable and Drain()s it. Built on the eventfd calls of socket_ops.h.
 class Doorbell {
  public:
   Doorbell();
@@ -94,12 +121,15 @@ class Doorbell {
   Doorbell(const Doorbell&) = delete;
   Doorbell& operator=(const Doorbell&) = delete;
 
+  // 0, or the errno eventfd failed with.
+  int error() const { return error_; }
   void Ring();
   void Drain();
   int fd() const { return fd_; }
 
  private:
-  int fd_;
+  int fd_ = -1;
+  int error_ = 0;
 };
 
 }  // namespace siwx::transport

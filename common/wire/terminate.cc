@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 #include "common/wire/terminate.h"
 
+#include <cstdio>
+
 namespace siwx::rdmap {
 namespace {
 
@@ -101,6 +103,21 @@ std::string_view TerminateErrorCodeName(const TerminateCause& cause) {
   }
   const TerminateCodeInfo* info = FindCode(cause);
   return info != nullptr ? info->name : "unknown error code";
+}
+
+std::string DescribeTerminateCause(const TerminateCause& cause) {
+  std::string text;
+  text.append(TerminateLayerName(cause.layer));
+  text.append(" / ");
+  text.append(TerminateErrorTypeName(cause.layer, cause.etype));
+  text.append(" / ");
+  text.append(TerminateErrorCodeName(cause));
+  char numbers[48];
+  std::snprintf(numbers, sizeof(numbers), " (layer %u, type %u, code 0x%02x)",
+                static_cast<unsigned>(cause.layer), static_cast<unsigned>(cause.etype),
+                static_cast<unsigned>(cause.ecode));
+  text.append(numbers);
+  return text;
 }
 
 std::optional<TerminateCause> TerminateCauseFromMpaError(mpa::MpaError error) {

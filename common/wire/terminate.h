@@ -36,6 +36,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "common/util/bytes.h"
@@ -298,6 +299,9 @@ bool IsDefinedTerminateCause(const TerminateCause& cause);
 std::string_view TerminateLayerName(std::uint8_t layer);
 std::string_view TerminateErrorTypeName(std::uint8_t layer, std::uint8_t etype);
 std::string_view TerminateErrorCodeName(const TerminateCause& cause);
+// "<layer> / <type> / <code> (layer L, type T, code 0xCC)" with the RFC names,
+// the form every log line and `siwx stat` use.
+std::string DescribeTerminateCause(const TerminateCause& cause);
 
 // The LLP cause for an error MPA reported (nullopt for kNone).
 std::optional<TerminateCause> TerminateCauseFromMpaError(mpa::MpaError error);

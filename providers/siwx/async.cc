@@ -9,7 +9,7 @@
 // back by event type.
 #include <cstring>
 
-#include "providers/siwx/log.h"
+#include "common/util/log.h"
 #include "providers/siwx/provider.h"
 
 namespace siwx::provider {

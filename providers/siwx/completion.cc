@@ -23,7 +23,7 @@
 #include <iterator>
 #include <new>
 
-#include "providers/siwx/log.h"
+#include "common/util/log.h"
 #include "providers/siwx/provider.h"
 
 namespace siwx::provider {

@@ -20,7 +20,8 @@
 #include <cstring>
 #include <new>
 
-#include "providers/siwx/log.h"
+#include "common/util/log.h"
+#include "providers/siwx/oob.h"
 #include "providers/siwx/provider.h"
 
 namespace siwx::provider {
@@ -452,7 +453,12 @@ int siwx_query_gid_entry(ibv_context* context, uint32_t port_num, uint32_t index
     std::lock_guard<std::mutex> lock(device->mutex);
     port = device->port;
   }
-  const siwx::provider::GidBytes gid = siwx::provider::PortGid(MacOf(port), context->device->name);
+  // A GID naming this process's listener for the device, so that programs
+  // that exchange GIDs can connect QPs out of band (oob.h); the interface
+  // id when the interface has no IPv4 address.
+  const std::optional<siwx::provider::GidBytes> oob_gid = siwx::provider::oob::LocalGid(device);
+  const siwx::provider::GidBytes gid =
+      oob_gid ? *oob_gid : siwx::provider::PortGid(MacOf(port), context->device->name);
   if (std::all_of(gid.begin(), gid.end(), [](std::uint8_t b) { return b == 0; })) return ENODATA;
   *entry = ibv_gid_entry{};
   std::memcpy(entry->gid.raw, gid.data(), gid.size());

@@ -23,6 +23,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string_view>
 
 namespace siwx::provider {
@@ -57,6 +58,39 @@ inline GidBytes PortGid(const MacAddress& mac, std::string_view device_name) {
   const Guid id = InterfaceId(mac, device_name);
   std::copy(id.begin(), id.end(), gid.begin() + 8);
   return gid;
+}
+
+// Out-of-band connect (docs/out-of-band-connect.md): the GID of a port with
+// an IPv4 address names a TCP endpoint of this process: octets 0..7 zero,
+// 8..9 the listener's port, 10..11 ff ff, 12..15 the address. Port and
+// address are in network order, as they appear in the GID.
+struct OobEndpoint {
+  std::uint32_t address = 0;
+  std::uint16_t port = 0;
+};
+
+inline GidBytes OobGid(const OobEndpoint& endpoint) {
+  GidBytes gid{};
+  std::memcpy(gid.data() + 8, &endpoint.port, 2);
+  gid[10] = 0xFF;
+  gid[11] = 0xFF;
+  std::memcpy(gid.data() + 12, &endpoint.address, 4);
+  return gid;
+}
+
+// The endpoint a GID names; false for any other GID (a zero port or
+// address, a non-zero subnet prefix, no ff ff).
+inline bool OobEndpointOf(const GidBytes& gid, OobEndpoint* out) {
+  if (!std::all_of(gid.begin(), gid.begin() + 8, [](std::uint8_t b) { return b == 0; })) {
+    return false;
+  }
+  if (gid[10] != 0xFF || gid[11] != 0xFF) return false;
+  OobEndpoint e;
+  std::memcpy(&e.port, gid.data() + 8, 2);
+  std::memcpy(&e.address, gid.data() + 12, 4);
+  if (e.port == 0 || e.address == 0) return false;
+  *out = e;
+  return true;
 }
 
 // enum ibv_mtu values: IBV_MTU_256 = 1 ... IBV_MTU_4096 = 5.

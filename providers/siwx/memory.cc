@@ -24,7 +24,7 @@
 #include <optional>
 
 #include "common/engine/access.h"
-#include "providers/siwx/log.h"
+#include "common/util/log.h"
 #include "providers/siwx/memory_map.h"
 #include "providers/siwx/provider.h"
 

@@ -104,6 +104,9 @@ struct Device {
 //
 // `engine` is declared last so that it is destroyed first: its progress
 // thread calls back into `qps` and `async_events` until it has stopped.
+// A process-wide counter for identities that must never be reused.
+std::uint64_t NextObjectId();
+
 struct Qp;
 struct ContextState {
   engine::MemoryTable& memory() { return engine->memory(); }
@@ -113,6 +116,9 @@ struct ContextState {
   std::mutex qp_mutex;  // guards qps; held while an event of one of them is posted
   std::unordered_map<std::uint32_t, Qp*> qps;  // guarded by qp_mutex; live QPs by qp_num
   std::uint32_t fork_generation = 0;  // ForkGeneration() when the context was opened
+  // Unique in the process, never reused: how the out-of-band connect's
+  // threads find the context again without holding a pointer (oob.cc).
+  std::uint64_t id = NextObjectId();
   std::unique_ptr<engine::Engine> engine;
 };
 
@@ -172,10 +178,29 @@ struct QpShared {
   std::uint8_t max_dest_rd_atomic = 0;  // IBV_QP_MAX_DEST_RD_ATOMIC (IRD) as last modified
   bool notify_pending = false;          // the end of the bound stream is still to be reported
   siwx_stream_notify notify{};          // valid while notify_pending
+  // Out-of-band connect (oob.h, docs/out-of-band-connect.md).
+  const std::uint64_t token = NextObjectId();  // identity of this QP for oob.cc's threads
+  bool oob_armed = false;         // RTR named a siwx GID and a destination QP
+  bool oob_dialer = false;        // armed, and this end connects
+  bool oob_cm_bound = false;      // the CM bound a stream: never out of band
+  GidBytes oob_local_gid{};       // armed: our GID as the peer knows it
+  GidBytes oob_remote_gid{};      // armed: the peer's GID (IBV_QP_AV grh.dgid)
+  std::uint32_t oob_remote_qpn = 0;  // armed: IBV_QP_DEST_QPN
+  // A stream the device listener accepted for this QP before it was armed
+  // (the peer reached RTR first); bound when RTR names that peer.
+  int oob_parked_fd = -1;
+  siwx_stream_params oob_parked_params{};
+  std::uint32_t oob_parked_peer_qpn = 0;
+  GidBytes oob_parked_peer_gid{};
 };
 
-// A reliable connected QP. The ibv_qp_ex send API is not offered: comp_mask
-// stays 0, so ibv_qp_to_qp_ex() returns NULL for it.
+// The ibv_wr_* batch of a QP that has the extended send API (qp_ex.cc).
+struct WrBatch;
+
+// A reliable connected QP. One created with IBV_QP_INIT_ATTR_SEND_OPS_FLAGS
+// also has the ibv_qp_ex send API (qp_ex.cc): vqp.comp_mask says so, and
+// wr_batch holds its work between ibv_wr_start and ibv_wr_complete. Other
+// QPs have comp_mask 0, so ibv_qp_to_qp_ex() returns NULL for them.
 struct Qp {
   pabi::verbs_qp vqp;
   Context* context;
@@ -185,6 +210,7 @@ struct Qp {
   Srq* srq;          // may be null
   QpShared* shared;  // owned
   std::atomic<std::uint32_t> events_posted;  // async events posted about it
+  WrBatch* wr_batch;  // owned; null without the extended send API
 };
 
 static_assert(std::is_standard_layout_v<Device> && offsetof(Device, vdev) == 0);
@@ -258,6 +284,13 @@ int DestroyQp(ibv_qp* qp) noexcept;
 int PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) noexcept;
 int PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) noexcept;
 
+// The extended send API (qp_ex.cc). CheckSendOpsFlags: 0, or EOPNOTSUPP for
+// an operation siwx does not serve. EnableSendApi fills the QP's ibv_qp_ex
+// table for the granted capacities: 0 or ENOMEM. DisableSendApi frees it.
+int CheckSendOpsFlags(std::uint64_t send_ops_flags);
+int EnableSendApi(Qp* qp, std::uint64_t send_ops_flags, const ibv_qp_cap& cap);
+void DisableSendApi(Qp* qp);
+
 // The engine's async events for the context's QPs (EngineConfig callback):
 // QP events go to the async fd, the end of a stream to the CM's notify.
 void OnEngineEvent(Context* context, const engine::AsyncEvent& event);
@@ -274,6 +307,11 @@ std::uint32_t ForkGeneration();
 inline bool Inherited(const Context* context) {
   return context->state->fork_generation != ForkGeneration();
 }
+
+// siwx_qp_bind_stream_num without the exported wrapper (stream.cc); the
+// out-of-band connect binds through it too.
+int BindStream(Context* context, std::uint32_t qp_num, int fd, const siwx_stream_params* params,
+               const siwx_stream_notify* notify);
 
 // Receive WR conversion shared by post_srq_recv and post_recv:
 // EINVAL for a negative or too large num_sge or a missing sg_list.

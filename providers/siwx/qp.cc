@@ -37,7 +37,8 @@
 // ibv_cmd_modify_qp answers. Any invalid attribute fails the whole call with
 // nothing changed.
 //
-// Posting: ibv_send_wr/ibv_recv_wr lists become engine work requests.
+// Posting: ibv_send_wr/ibv_recv_wr lists become engine work requests (the
+// ibv_wr_* API of ibv_create_qp_ex QPs is in qp_ex.cc).
 // SEND, SEND_WITH_INV, RDMA_WRITE, RDMA_READ and LOCAL_INV are served; the
 // immediate-data opcodes, atomics, BIND_MW, TSO and driver opcodes are EINVAL,
 // as the rdma-core siw provider answers. Flags FENCE, SIGNALED, SOLICITED and
@@ -63,7 +64,8 @@
 #include <optional>
 
 #include "common/wire/terminate.h"
-#include "providers/siwx/log.h"
+#include "common/util/log.h"
+#include "providers/siwx/oob.h"
 #include "providers/siwx/provider.h"
 
 namespace siwx::provider {
@@ -118,8 +120,14 @@ std::uint32_t RawValue(const Enum& field) {
 
 // The create checks: 0 or the errno ibv_create_qp fails with.
 int CheckInitAttr(ibv_context* context, const ibv_qp_init_attr& attr) {
-  // iWARP has reliable connected QPs only (RFC 5040 defines no datagrams).
-  if (RawValue(attr.qp_type) != IBV_QPT_RC) return EOPNOTSUPP;
+  // iWARP has reliable connected QPs only (RFC 5040 defines no datagrams);
+  // kernel siw's siw_create_qp answers EOPNOTSUPP too.
+  if (const std::uint32_t type = RawValue(attr.qp_type); type != IBV_QPT_RC) {
+    const char* name = type == IBV_QPT_UD ? "UD" : type == IBV_QPT_UC ? "UC" : "other than RC";
+    SIWX_LOG(kDebug, "ibv_create_qp: QP type %s: iWARP has reliable connected QPs only "
+             "(EOPNOTSUPP)", name);
+    return EOPNOTSUPP;
+  }
   // Receive completions, also those of an SRQ, go to the receive CQ.
   if (attr.send_cq == nullptr || attr.recv_cq == nullptr) return EINVAL;
   if (attr.send_cq->context != context || attr.recv_cq->context != context ||
@@ -152,6 +160,7 @@ void ReleaseQp(Qp* qp) {
   ReturnBudget(qp->context->state->device->qp_count);
   pthread_cond_destroy(&qp->vqp.qp.cond);
   pthread_mutex_destroy(&qp->vqp.qp.mutex);
+  DisableSendApi(qp);
   delete qp->shared;
   delete qp;
 }
@@ -369,31 +378,17 @@ std::optional<siwx_stream_notify> TakeNotify(QpShared& shared) {
   return shared.notify;
 }
 
-// One warn-level line per Terminate, with the RFC names of its cause: what
-// an operator (and the two-host tests) need to tell a CRC error from an
-// access error when a connection dies.
-void LogTerminate(std::uint32_t qp_num, const char* direction, const rdmap::TerminateCause& cause) {
-  SIWX_LOG(kWarn, "QP %u: Terminate %s: %.*s / %.*s / %.*s (layer %u, type %u, code 0x%02x)", qp_num,
-           direction, static_cast<int>(rdmap::TerminateLayerName(cause.layer).size()),
-           rdmap::TerminateLayerName(cause.layer).data(),
-           static_cast<int>(rdmap::TerminateErrorTypeName(cause.layer, cause.etype).size()),
-           rdmap::TerminateErrorTypeName(cause.layer, cause.etype).data(),
-           static_cast<int>(rdmap::TerminateErrorCodeName(cause).size()),
-           rdmap::TerminateErrorCodeName(cause).data(), cause.layer, cause.etype, cause.ecode);
-}
-
 // How a stream ended, for the CM: an error if a Terminate went either way
 // or the connection failed, an orderly close otherwise (FIN, or a local
 // disconnect). Returns the siwx_stream_event and sets *error.
 int StreamEndOf(const engine::Qp& qp, int* error) {
   const engine::QpAttributes a = qp.Query();
+  // The engine logged the Terminate (at info) when it was sent or arrived.
   if (a.terminate_received) {
-    LogTerminate(qp.qp_num(), "received from the peer", a.terminate_received->cause);
     *error = ECONNABORTED;
     return SIWX_STREAM_EVENT_ERROR;
   }
   if (a.terminate_sent) {
-    LogTerminate(qp.qp_num(), "sent to the peer", a.terminate_sent->cause);
     *error = EPROTO;
     return SIWX_STREAM_EVENT_ERROR;
   }
@@ -423,7 +418,7 @@ void RemoveQueuedCompletions(const Qp& qp) {
   std::size_t removed = qp.send_cq->queue->RemoveQp(qp_num, which);
   if (qp.recv_cq != qp.send_cq) removed += qp.recv_cq->queue->RemoveQp(qp_num, which);
   if (removed > 0) {
-    SIWX_LOG(kDebug, "QP %u: %zu queued completions removed on destroy", qp_num, removed);
+    SIWX_QP_LOG(kDebug, qp_num, "%zu queued completions removed on destroy", removed);
   }
 }
 
@@ -486,11 +481,19 @@ ibv_qp* CreateQpEx(ibv_context* context, ibv_qp_init_attr_ex* attr) noexcept {
     errno = EINVAL;
     return nullptr;
   }
-  // Creation flags, XRC domains, RSS, the ibv_wr_* send API and the other
-  // extensions are not offered.
-  if ((attr->comp_mask & ~static_cast<std::uint32_t>(IBV_QP_INIT_ATTR_PD)) != 0) {
+  // The ibv_wr_* send API is offered (qp_ex.cc); creation flags, XRC
+  // domains, RSS and the other extensions are not.
+  constexpr std::uint32_t kOffered = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  if ((attr->comp_mask & ~kOffered) != 0) {
     errno = EOPNOTSUPP;
     return nullptr;
+  }
+  const bool send_api = (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0;
+  if (send_api) {
+    if (int error = CheckSendOpsFlags(attr->send_ops_flags); error != 0) {
+      errno = error;
+      return nullptr;
+    }
   }
   ibv_qp_init_attr basic{};
   basic.qp_context = attr->qp_context;
@@ -501,7 +504,15 @@ ibv_qp* CreateQpEx(ibv_context* context, ibv_qp_init_attr_ex* attr) noexcept {
   std::memcpy(&basic.qp_type, &attr->qp_type, sizeof(basic.qp_type));  // any value: checked later
   basic.sq_sig_all = attr->sq_sig_all;
   ibv_qp* qp = CreateQp(attr->pd, &basic);
-  if (qp != nullptr) attr->cap = basic.cap;
+  if (qp == nullptr) return nullptr;
+  if (send_api) {
+    if (int error = EnableSendApi(ToSiwx(qp), attr->send_ops_flags, basic.cap); error != 0) {
+      DestroyQp(qp);
+      errno = error;
+      return nullptr;
+    }
+  }
+  attr->cap = basic.cap;
   return qp;
 }
 
@@ -509,6 +520,7 @@ int ModifyQp(ibv_qp* ibqp, ibv_qp_attr* attr, int attr_mask) noexcept {
   if (attr_mask == 0) return 0;
   if (attr == nullptr) return EINVAL;
   if (int error = CheckModifyAttr(*attr, attr_mask); error != 0) return error;
+  if (int error = oob::CheckModify(ToSiwx(ibqp), *attr, attr_mask); error != 0) return error;
   QpShared& shared = *ToSiwx(ibqp)->shared;
   engine::Qp& engine_qp = *shared.engine;
   if ((attr_mask & IBV_QP_STATE) != 0) {
@@ -521,6 +533,10 @@ int ModifyQp(ibv_qp* ibqp, ibv_qp_attr* attr, int attr_mask) noexcept {
     if (target == engine::QpState::kRts && now == engine::QpState::kRtr) {
       // RTS waits for the stream (see the top of this file).
       if (expected && *expected != now) return EINVAL;
+      oob::OnRtsRequested(ToSiwx(ibqp));
+    } else if (target == engine::QpState::kRts && now == engine::QpState::kRts &&
+               expected == engine::QpState::kRtr) {
+      // The out-of-band stream came up before the application's RTS.
     } else {
       engine::QpStatus status;
       try {
@@ -529,6 +545,8 @@ int ModifyQp(ibv_qp* ibqp, ibv_qp_attr* attr, int attr_mask) noexcept {
         return ENOMEM;
       }
       if (status != engine::QpStatus::kOk) return EINVAL;
+      if (target == engine::QpState::kRtr) oob::OnRtr(ToSiwx(ibqp), *attr, attr_mask);
+      if (target == engine::QpState::kReset) oob::Release(shared);
     }
   }
   std::lock_guard<std::mutex> lock(shared.mutex);
@@ -600,9 +618,10 @@ int DestroyQp(ibv_qp* ibqp) noexcept {
   } catch (...) {
     // Only the detach command's allocation can fail; the engine still
     // marked the QP destroyed, so nothing new starts on it.
-    SIWX_LOG(kError, "QP %u: out of memory while destroying it", ibqp->qp_num);
+    SIWX_QP_LOG(kError, ibqp->qp_num, "out of memory while destroying it");
   }
   RemoveQueuedCompletions(*qp);
+  oob::Release(shared);
   if (std::optional<siwx_stream_notify> notify = TakeNotify(shared);
       notify && notify->event != nullptr) {
     notify->event(notify->cookie, SIWX_STREAM_EVENT_ERROR, ECONNABORTED);
@@ -611,7 +630,7 @@ int DestroyQp(ibv_qp* ibqp) noexcept {
       PurgeAsyncEvents(qp->context, reinterpret_cast<std::uintptr_t>(ibqp), kQpEventTypes);
   WaitForAcks(&ibqp->mutex, &ibqp->cond, &ibqp->events_completed,
               qp->events_posted.load() - static_cast<std::uint32_t>(purged));
-  SIWX_LOG(kDebug, "QP %u destroyed", ibqp->qp_num);
+  SIWX_QP_LOG(kDebug, ibqp->qp_num, "destroyed");
   ReleaseQp(qp);
   return 0;
 }

@@ -27,6 +27,7 @@
 #define SIWXDV_H_
 
 #include <infiniband/verbs.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -145,6 +146,12 @@ int siwx_qp_unpolled_completions(struct ibv_context *context, uint32_t qp_num, u
  * (rdma_conn_param.qp_num). NULL with errno ENOENT or EINVAL. */
 struct ibv_qp *siwx_qp_lookup(struct ibv_context *context, uint32_t qp_num);
 
+/* SIWX_TRACE: records `length` octets the CM moved on the connected TCP
+ * socket `fd` (direction 0: sent, 1: received) in the process's wire trace,
+ * so the MPA startup frames appear in front of the QP's FPDUs. Does nothing
+ * when SIWX_TRACE is unset. */
+void siwx_trace_stream_io(int fd, int direction, const void *data, size_t length);
+
 /* Function pointer types for dlsym() users. */
 typedef int (*siwx_qp_bind_stream_fn)(struct ibv_qp *, int, const struct siwx_stream_params *,
 				      const struct siwx_stream_notify *);
@@ -155,6 +162,7 @@ typedef int (*siwx_qp_bind_stream_num_fn)(struct ibv_context *, uint32_t, int,
 typedef int (*siwx_qp_disconnect_stream_num_fn)(struct ibv_context *, uint32_t, int);
 typedef struct ibv_qp *(*siwx_qp_lookup_fn)(struct ibv_context *, uint32_t);
 typedef int (*siwx_qp_unpolled_completions_fn)(struct ibv_context *, uint32_t, uint32_t *);
+typedef void (*siwx_trace_stream_io_fn)(int, int, const void *, size_t);
 
 #ifdef __cplusplus
 }

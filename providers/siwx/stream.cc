@@ -36,7 +36,9 @@
 #include <new>
 
 #include "common/wire/mpa_constants.h"
-#include "providers/siwx/log.h"
+#include "common/trace/stream_trace.h"
+#include "common/util/log.h"
+#include "providers/siwx/oob.h"
 #include "providers/siwx/provider.h"
 
 namespace siwx::provider {
@@ -92,6 +94,8 @@ int ToEngine(const siwx_stream_params& in, engine::StreamParams* out) {
   out->ord = in.ord;
   out->large_fpdus = in.large_fpdus != 0;
   out->max_ulpdu = in.max_ulpdu;
+  out->mpa_dialect = in.mpa_dialect <= SIWX_MPA_DIALECT_V2 ? in.mpa_dialect : 0;
+  out->mpa_revision = in.mpa_revision;
   switch (in.rtr_role) {
     case SIWX_RTR_ROLE_NONE:
       out->rtr_role = engine::RtrRole::kNone;
@@ -154,9 +158,11 @@ bool SetNotify(Context* context, std::uint32_t qp_num, const engine::Qp* engine_
   return true;
 }
 
+}  // namespace
+
 // By number throughout, never through a Qp pointer: the application may
 // destroy the QP with ibv_destroy_qp on another thread at any moment.
-int Bind(Context* context, std::uint32_t qp_num, int fd, const siwx_stream_params* raw,
+int BindStream(Context* context, std::uint32_t qp_num, int fd, const siwx_stream_params* raw,
          const siwx_stream_notify* notify) {
   siwx_stream_params in;
   if (int error = ReadParams(raw, &in); error != 0) return error;
@@ -194,11 +200,10 @@ int Bind(Context* context, std::uint32_t qp_num, int fd, const siwx_stream_param
     return EINVAL;
   }
   ::close(fd);  // the QP's duplicate keeps the connection
-  SIWX_LOG(kDebug, "QP %u bound to a stream (crc %d, markers tx %d rx %d, ird %u, ord %u, rtr %u)",
-           qp_num, in.crc, in.tx_markers, in.rx_markers, in.ird, in.ord,
-           static_cast<unsigned>(in.rtr_role));
   return 0;
 }
+
+namespace {
 
 int Disconnect(Context* context, std::uint32_t qp_num, int abortive) {
   if (Inherited(context)) return EPERM;
@@ -225,19 +230,42 @@ int Disconnect(Context* context, std::uint32_t qp_num, int abortive) {
 
 using siwx::provider::Qp;
 
+namespace {
+
+// A bind by the connection manager: the QP is the CM's from now on, and a
+// stream the out-of-band listener parked for it is dropped (oob.h).
+int CmBind(siwx::provider::Context* context, uint32_t qp_num, int fd,
+           const siwx_stream_params* params, const siwx_stream_notify* notify) {
+  const int rc = siwx::provider::BindStream(context, qp_num, fd, params, notify);
+  if (rc == 0) siwx::provider::oob::NoteCmBound(context, qp_num);
+  return rc;
+}
+
+}  // namespace
+
 extern "C" {
+
+void siwx_trace_stream_io(int fd, int direction, const void* data, size_t length) {
+  siwx::trace::Tracer* tracer = siwx::trace::Tracer::Global();
+  if (tracer == nullptr || data == nullptr || length == 0) return;
+  const std::shared_ptr<siwx::trace::Connection> connection = tracer->ConnectionOf(fd);
+  if (connection == nullptr) return;
+  tracer->Record(*connection,
+                 direction == 0 ? siwx::trace::Direction::kSent : siwx::trace::Direction::kReceived,
+                 siwx::ByteSpan(static_cast<const std::uint8_t*>(data), length));
+}
 
 int siwx_qp_bind_stream(ibv_qp* ibqp, int fd, const siwx_stream_params* params,
                         const siwx_stream_notify* notify) {
   Qp* qp = siwx::provider::OurQp(ibqp);
   if (qp == nullptr) return EINVAL;
-  return siwx::provider::Bind(qp->context, ibqp->qp_num, fd, params, notify);
+  return CmBind(qp->context, ibqp->qp_num, fd, params, notify);
 }
 
 int siwx_qp_bind_stream_num(ibv_context* context, uint32_t qp_num, int fd,
                             const siwx_stream_params* params, const siwx_stream_notify* notify) {
   if (!siwx::provider::IsSiwxContext(context)) return EINVAL;
-  return siwx::provider::Bind(siwx::provider::ToSiwx(context), qp_num, fd, params, notify);
+  return CmBind(siwx::provider::ToSiwx(context), qp_num, fd, params, notify);
 }
 
 int siwx_qp_disconnect_stream(ibv_qp* ibqp, int abortive) {

@@ -9,6 +9,13 @@
 #   rping <address|eth> <size> [<dialect>|crc-require]
 #   perftest <tool> [perftest flags...]
 #   fi_pingpong <msg|rdm>
+#   rdma_server | rdma_xserver | ucmatose | cmtime   (rdmacm-utils pairs)
+#   refused <status> <line|-> <program> [args...]    (one rdma_cm program iWARP cannot serve)
+#   perftest-oob <tool> [perftest flags...]   (without -R: QPs connected out of band)
+#   pingpong [fixed-port] <ibv_rc_pingpong|ibv_srq_pingpong> [flags...]
+#   pingpong-no-gid
+#   verbs-refused <program> <expected output line> [<expected siwx log line>]
+#   asyncwatch
 #   rstream [rstream flags...]      (rsockets; -C/-S/-T as rstream takes them)
 #   riostream [riostream flags...]
 #   rcopy <bytes>                   copies a file of <bytes> random octets
@@ -92,16 +99,60 @@ run_pair() {
 	if [ "$client_status" -ne 0 ]; then
 		# The server may wait forever for a peer that has gone.
 		kill -TERM "$server_pid" 2>/dev/null
+	elif [ -n "${SERVER_RUNS_FOREVER:-}" ]; then
+		# A server that never exits by itself (cmtime): it must still be
+		# running, then it is stopped and its SIGTERM status is success.
+		sleep 0.5
+		kill -0 "$server_pid" 2>/dev/null || fail "server exited early: ${server[*]}"
+		kill -TERM "$server_pid" 2>/dev/null
+		wait "$server_pid"
+		server_pid=""
+		[ "$client_status" -eq 0 ] || fail "client exited with $client_status: ${client[*]}"
+		return
 	fi
 	wait "$server_pid"
 	server_status=$?
 	server_pid=""
+	if [ -n "$TOLERATED_FAILURE" ]; then
+		# A known failure of the program itself after its work is done.
+		if [ "$client_status" -eq 1 ] && grep -qF "$TOLERATED_FAILURE" "$client_log"; then
+			client_status=0
+		fi
+		if [ "$server_status" -eq 1 ] && grep -qF "$TOLERATED_FAILURE" "$server_log"; then
+			server_status=0
+		fi
+	fi
 	[ "$client_status" -eq 0 ] || fail "client exited with $client_status: ${client[*]}"
 	[ "$server_status" -eq 0 ] || fail "server exited with $server_status: ${server[*]}"
 }
 
+# Result rows of a perftest run: "<bytes> <iterations> <figures...>".
+check_perftest_rows() {
+	local tool=$1
+	shift
+	rows=$(awk '$1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ && NF >= 4' "$client_log")
+	case " $* " in
+	*" -a "*) expected=23 ;; # 2 B .. 8 MiB, every power of two
+	*) expected=1 ;;
+	esac
+	got=$(printf '%s\n' "$rows" | grep -c .)
+	[ "$got" = "$expected" ] || fail "$got result rows, expected $expected"
+	if [ "$expected" = 1 ]; then
+		case $tool in
+		*_bw) want=65536 ;;
+		*) want=2 ;;
+		esac
+		[ "$(printf '%s\n' "$rows" | awk '{print $1}')" = "$want" ] ||
+			fail "result row is not for $want bytes: $rows"
+	fi
+	echo "$tool $*:"
+	grep -E '^ *#bytes' "$client_log" | head -1
+	printf '%s\n' "$rows"
+}
+
 SERVER_ENV=()
 CLIENT_ENV=()
+TOLERATED_FAILURE=""
 port=$(pick_port)
 
 case $what in
@@ -168,25 +219,100 @@ perftest)
 	shift
 	run_pair "$port" "$tool" -R -d siwx_lo -p "$port" "$@" -- \
 		"$tool" -R -d siwx_lo -p "$port" "$@" 127.0.0.1
-	# Result rows: "<bytes> <iterations> <figures...>", one per message size.
-	rows=$(awk '$1 ~ /^[0-9]+$/ && $2 ~ /^[0-9]+$/ && NF >= 4' "$client_log")
-	case " $* " in
-	*" -a "*) expected=23 ;; # 2 B .. 8 MiB, every power of two
-	*) expected=1 ;;
-	esac
-	got=$(printf '%s\n' "$rows" | grep -c .)
-	[ "$got" = "$expected" ] || fail "$got result rows, expected $expected"
-	if [ "$expected" = 1 ]; then
-		case $tool in
-		*_bw) want=65536 ;;
-		*) want=2 ;;
-		esac
-		[ "$(printf '%s\n' "$rows" | awk '{print $1}')" = "$want" ] ||
-			fail "result row is not for $want bytes: $rows"
+	check_perftest_rows "$tool" "$@"
+	;;
+perftest-oob)
+	# Without -R perftest exchanges QPN, PSN and GID over its own socket and
+	# connects the QPs with ibv_modify_qp (docs/out-of-band-connect.md).
+	tool=$1
+	shift
+	if [ "$tool" = ib_send_bw ]; then
+		# perftest 4.5-0.17 (Debian 12) registers a credit MR for Sends on
+		# iWARP but deregisters it only with -R, so ibv_dealloc_pd fails
+		# with EBUSY after a complete run (kernel siw answers the same);
+		# fixed upstream (perftest "Failed to deregister send credit MR").
+		TOLERATED_FAILURE="Failed to deallocate PD"
+	fi
+	run_pair "$port" "$tool" -d siwx_lo -p "$port" "$@" -- \
+		"$tool" -d siwx_lo -p "$port" "$@" 127.0.0.1
+	grep -q 'rdma_cm QPs.*: OFF' "$client_log" || fail "perftest did not run without rdma_cm"
+	check_perftest_rows "$tool" "$@"
+	;;
+pingpong)
+	# ibv_rc_pingpong / ibv_srq_pingpong: -g 0 puts the GID (which names
+	# this process's siwx listener) into the exchange; -c checks every
+	# received buffer. "fixed-port" first: the server's listener on a port
+	# given by SIWX_OOB_PORT, which its GID must carry.
+	fixed_port=""
+	if [ "$1" = fixed-port ]; then
+		shift
+		fixed_port=$(pick_port)
+		SERVER_ENV=(SIWX_OOB_PORT="$fixed_port")
+	fi
+	tool=$1
+	shift
+	iterations=200
+	run_pair "$port" "$tool" -d siwx_lo -g 0 -c -n "$iterations" -p "$port" "$@" -- \
+		"$tool" -d siwx_lo -g 0 -c -n "$iterations" -p "$port" "$@" 127.0.0.1
+	for log in "$client_log" "$server_log"; do
+		grep -q "^$iterations iters in " "$log" || fail "no '$iterations iters' line"
+		grep -q ' bytes in .* seconds = ' "$log" || fail "no throughput line"
+		! grep -qi 'fail\|error\|mismatch' "$log" || fail "errors reported"
+	done
+	if [ -n "$fixed_port" ]; then
+		gid_port=$(printf '%x' "$fixed_port")
+		grep -q "local address: .* GID ::$gid_port:ffff:7f00:1\$" "$server_log" ||
+			fail "server GID does not carry SIWX_OOB_PORT=$fixed_port ($gid_port)"
 	fi
 	echo "$tool $*:"
-	grep -E '^ *#bytes' "$client_log" | head -1
-	printf '%s\n' "$rows"
+	cat "$client_log"
+	;;
+pingpong-no-gid)
+	# Without -g, ibv_rc_pingpong exchanges no GID: the server's RTR has no
+	# GRH and fails at once, saying what to pass; the client sees the
+	# server close the exchange socket. Both exit 1, neither hangs.
+	timeout -k 5 30 "$run" -- ibv_rc_pingpong -d siwx_lo -p "$port" >"$server_log" 2>&1 &
+	server_pid=$!
+	wait_listening "$port" || fail "server never listened on port $port"
+	timeout -k 5 30 "$run" -- ibv_rc_pingpong -d siwx_lo -p "$port" 127.0.0.1 >"$client_log" 2>&1
+	client_status=$?
+	wait "$server_pid"
+	server_status=$?
+	server_pid=""
+	[ "$server_status" -eq 1 ] || fail "server exited with $server_status, expected 1"
+	[ "$client_status" -eq 1 ] || fail "client exited with $client_status, expected 1"
+	grep -qF 'Failed to modify QP to RTR' "$server_log" || fail "server: no RTR failure"
+	grep -qF 'pass the GID index (ibv_rc_pingpong -g 0' "$server_log" ||
+		fail "server: no siwx line saying to pass -g 0"
+	echo "ibv_rc_pingpong without -g: refused at RTR:"
+	cat "$server_log"
+	;;
+verbs-refused)
+	# A program that iWARP cannot serve (UD, UC, XRC) must stop at once with
+	# a clear message: one process, no peer.
+	program=$1
+	expected=$2
+	expected_log=${3:-}
+	env SIWX_LOG_LEVEL=debug timeout -k 5 10 "$run" -- "$program" -d siwx_lo -g 0 -p "$port" \
+		>"$client_log" 2>&1
+	status=$?
+	[ "$status" -eq 1 ] || fail "$program exited with $status, expected 1 (124: it hung)"
+	grep -qF "$expected" "$client_log" || fail "no '$expected'"
+	if [ -n "$expected_log" ]; then
+		grep -qF "$expected_log" "$client_log" || fail "no '$expected_log'"
+	fi
+	echo "$program: refused as expected:"
+	grep -F -e "$expected" -e "${expected_log:-$expected}" "$client_log"
+	;;
+asyncwatch)
+	# ibv_asyncwatch blocks in ibv_get_async_event until killed: it must
+	# start, name the device's event descriptor and wait without crashing.
+	timeout -k 5 3 "$run" -- ibv_asyncwatch -d siwx_lo >"$client_log" 2>&1
+	status=$?
+	[ "$status" -eq 124 ] ||
+		fail "ibv_asyncwatch exited with $status, expected 124 (killed while waiting)"
+	grep -q '^siwx_lo: async event FD [0-9]' "$client_log" || fail "no 'async event FD' line"
+	cat "$client_log"
 	;;
 fi_pingpong)
 	# libfabric's verbs provider offers MSG endpoints (and so rxm's RDM ones)
@@ -210,6 +336,56 @@ fi_pingpong)
 		[ "$rows" = "64 256 1k 4k 64k 1m " ] || fail "result rows for sizes '$rows', expected '64 256 1k 4k 64k 1m '"
 	done
 	echo "fi_pingpong -p verbs -e $ep over $addr:"
+	cat "$client_log"
+	;;
+rdma_server | rdma_xserver)
+	# librdmacm's own examples: rdma_getaddrinfo, rdma_create_ep (the QP
+	# made by rdma_get_request on the server), rdma_verbs.h helpers. Each
+	# prints "<name>: end 0" on success and "end -1" on any failure.
+	client=${what/server/client}
+	run_pair "$port" "$what" -p "$port" -- "$client" -s 127.0.0.1 -p "$port"
+	grep -qx "$what: end 0" "$server_log" || fail "no '$what: end 0' from the server"
+	grep -qx "$client: end 0" "$client_log" || fail "no '$client: end 0' from the client"
+	echo "$what / $client: end 0 on both sides"
+	;;
+ucmatose)
+	# 4 connections, 10 messages each way on each, then disconnects.
+	run_pair "$port" ucmatose -p "$port" -c 4 -C 10 -- ucmatose -s 127.0.0.1 -p "$port" -c 4 -C 10
+	for log in "$server_log" "$client_log"; do
+		grep -qx "data transfers complete" "$log" || fail "no 'data transfers complete'"
+		grep -qx "return status 0" "$log" || fail "no 'return status 0'"
+	done
+	echo "ucmatose -c 4 -C 10: return status 0 on both sides"
+	;;
+cmtime)
+	# Connection setup and teardown timing over 100 connections. The server
+	# never exits by itself. The figures are printed, not judged.
+	SERVER_RUNS_FOREVER=1
+	run_pair "$port" cmtime -p "$port" -- cmtime -s 127.0.0.1 -p "$port" -c 100
+	for step in "create id" "resolve addr" "resolve route" "create qp" "connect" \
+		"disconnect" "destroy"; do
+		grep -Eq "^$step *: +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+$" "$client_log" ||
+			fail "no timing row for '$step'"
+	done
+	echo "cmtime -c 100 (loopback):"
+	grep -E '^(step|create|resolve|connect|disconnect|destroy)' "$client_log"
+	;;
+refused)
+	# A program that needs what iWARP lacks (UD QPs, multicast, XRC) must
+	# fail at once: the given exit status, the given line of its own, and
+	# siwx's line naming the reason and errno. A hang ends in timeout's 124.
+	want_status=$1
+	want_line=$2
+	shift 2
+	timeout -k 5 20 "$run" -- "$@" >"$client_log" 2>&1
+	status=$?
+	[ "$status" -eq "$want_status" ] || fail "$* exited with $status, expected $want_status"
+	if [ "$want_line" != - ]; then
+		grep -qxF "$want_line" "$client_log" || fail "no line '$want_line'"
+	fi
+	grep -Eq '^siwx: error: rdma_create_id refused: RDMA_PS_[A-Z]+ with [A-Za-z ]+ QPs; iWARP has only RC QPs .*\(EOPNOTSUPP\)$' \
+		"$client_log" || fail "no siwx line naming the refusal"
+	echo "$*: refused at once (status $status):"
 	cat "$client_log"
 	;;
 rstream | riostream)
@@ -285,7 +461,9 @@ udpong)
 	cat "$client_log"
 	;;
 *)
-	echo "usage: $0 <siwx-run> rping|perftest|fi_pingpong|rstream|riostream|rcopy|rspreload|rspreload-iperf3|udpong args..." >&2
+	echo "usage: $0 <siwx-run> rping|perftest|perftest-oob|pingpong|pingpong-no-gid|verbs-refused" \
+		"|asyncwatch|fi_pingpong|rdma_server|rdma_xserver|ucmatose|cmtime|refused|rstream|riostream" \
+		"|rcopy|rspreload|rspreload-iperf3|udpong args..." >&2
 	exit 2
 	;;
 esac

@@ -432,7 +432,9 @@ TEST_F(CmConnect, SynchronousEndpoints) {
     EXPECT_EQ(rdma_accept(conn, &p), 0);  // returns once ESTABLISHED
     ASSERT_NE(conn->event, nullptr);
     EXPECT_EQ(conn->event->event, RDMA_CM_EVENT_ESTABLISHED);
-    EXPECT_EQ(rdma_disconnect(conn), 0);
+    EXPECT_EQ(rdma_disconnect(conn), 0);  // returns with its DISCONNECTED, as librdmacm
+    ASSERT_NE(conn->event, nullptr);
+    EXPECT_EQ(conn->event->event, RDMA_CM_EVENT_DISCONNECTED);
     rdma_destroy_ep(conn);
   });
 

@@ -269,6 +269,48 @@ TEST_F(CmDevice, CreateQpMakesCqsAndMovesToInit) {
   ExpectNoLeaks();
 }
 
+// rdma_create_qp_ex hands comp_mask and send_ops_flags to the provider as
+// they are: the QP gets the ibv_wr_* API (ibv_qp_to_qp_ex), and an operation
+// the provider does not serve fails the create with its EOPNOTSUPP.
+TEST_F(CmDevice, CreateQpExCarriesSendOpsFlags) {
+  Listener l;
+  l.Start();
+  Client c;
+  c.Resolve(l.port);
+  ibv_qp_init_attr_ex attr{};
+  attr.qp_type = IBV_QPT_RC;
+  attr.cap.max_send_wr = attr.cap.max_recv_wr = 4;
+  attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
+  attr.comp_mask = IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;  // the CM adds the PD
+  attr.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+  errno = 0;
+  EXPECT_EQ(rdma_create_qp_ex(c.id, &attr), -1);
+  EXPECT_EQ(errno, EOPNOTSUPP);
+  EXPECT_EQ(c.id->qp, nullptr);
+
+  attr = ibv_qp_init_attr_ex{};
+  attr.qp_type = IBV_QPT_RC;
+  attr.cap.max_send_wr = attr.cap.max_recv_wr = 4;
+  attr.cap.max_send_sge = attr.cap.max_recv_sge = 1;
+  attr.comp_mask = IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+  attr.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE;
+  ASSERT_EQ(rdma_create_qp_ex(c.id, &attr), 0) << "errno " << errno;
+  ASSERT_NE(c.id->qp, nullptr);
+  ibv_qp_ex* qpx = ibv_qp_to_qp_ex(c.id->qp);
+  ASSERT_NE(qpx, nullptr);
+  EXPECT_EQ(&qpx->qp_base, c.id->qp);
+  // Not connected yet: an empty region completes, a Send is refused.
+  ibv_wr_start(qpx);
+  EXPECT_EQ(ibv_wr_complete(qpx), 0);
+  ibv_wr_start(qpx);
+  ibv_wr_send(qpx);
+  EXPECT_EQ(ibv_wr_complete(qpx), EINVAL);
+  rdma_destroy_qp(c.id);
+  c.Stop();
+  l.Stop();
+  ExpectNoLeaks();
+}
+
 TEST_F(CmDevice, EstablishedStreamsGoToTheQp) {
   const bool provider_binds = dlsym(RTLD_DEFAULT, "siwx_qp_bind_stream") != nullptr;
   Listener l;

@@ -287,23 +287,27 @@ TEST_F(ErrorTest, SendWithInvalidateOfLocalOnlyStag) {
 
 // Registration refuses write access to read-only memory (verbs pd_mr), but
 // the application may mprotect a region after registering it. A Write whose
-// payload is received straight into that memory must not crash the
-// process: recvmsg fails with EFAULT, nothing is placed, and the stream ends
-// as a local protection error with a DDP Local Catastrophic Terminate (no
-// header copy, RFC 5040 Figure 10) and the QP's access error event.
+// payload is received straight into that memory (a payload of at least
+// QpRx::kDirectPlacementMin octets; smaller ones are copied from the staging
+// buffer and fault like the application's own store, rx.h) must not crash
+// the process: recvmsg fails with EFAULT, nothing is placed, and the stream
+// ends as a local protection error with a DDP Local Catastrophic Terminate
+// (no header copy, RFC 5040 Figure 10) and the QP's access error event.
 TEST_F(ErrorTest, WriteIntoMemoryMadeReadOnlyEndsTheStreamWithoutAFault) {
   Start();
   const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
-  void* mem = mmap(nullptr, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  const std::size_t payload_size = (QpRx::kDirectPlacementMin + page - 1) / page * page;
+  const std::size_t mapped = payload_size + page;
+  void* mem = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   ASSERT_NE(mem, MAP_FAILED);
   const auto addr = reinterpret_cast<std::uintptr_t>(mem);
-  const RegisterResult reg = node_.memory().Register(node_.pd, addr, 2 * page, addr, kAllRemote);
+  const RegisterResult reg = node_.memory().Register(node_.pd, addr, mapped, addr, kAllRemote);
   ASSERT_EQ(reg.status, RegisterStatus::kOk);
-  ASSERT_EQ(mprotect(mem, 2 * page, PROT_READ), 0);
+  ASSERT_EQ(mprotect(mem, mapped, PROT_READ), 0);
 
   // The framing first, and the payload only once the engine has read it, so
   // the payload is received straight into the target.
-  const std::vector<std::uint8_t> payload(page, 0x5A);
+  const std::vector<std::uint8_t> payload(payload_size, 0x5A);
   std::vector<std::uint8_t> wire;
   peer().FrameTo(WriteHeader(reg.stag, addr + 16), payload, wire);
   const std::size_t framing = mpa::kUlpduLengthSize + rdmap::kDdpTaggedHeaderSize;
@@ -315,9 +319,9 @@ TEST_F(ErrorTest, WriteIntoMemoryMadeReadOnlyEndsTheStreamWithoutAFault) {
   ExpectTerminated({TerminateCause::DdpLocalCatastrophic(), {}, 0, {}},
                    AsyncEventType::kQpAccessError);
   const auto* bytes = static_cast<const std::uint8_t*>(mem);
-  EXPECT_TRUE(std::all_of(bytes, bytes + 2 * page, [](std::uint8_t b) { return b == 0; }));
+  EXPECT_TRUE(std::all_of(bytes, bytes + mapped, [](std::uint8_t b) { return b == 0; }));
   EXPECT_EQ(node_.memory().Deregister(reg.stag), DeregisterStatus::kOk);
-  EXPECT_EQ(munmap(mem, 2 * page), 0);
+  EXPECT_EQ(munmap(mem, mapped), 0);
 }
 
 // ---- Read Request errors: RFC 5040 4.8 Remote Protection, with R copies ----

@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
-// Receive progress driven by an application thread polling a receive CQ
-// empty (CompletionQueue::PollWithProgress -> Qp::DriveFromPoll): receive
-// completions arrive while the progress thread cannot run, every message is
-// processed exactly once and in order when the poller and the progress
-// thread race, and Destroy and a peer's close are safe while another thread
-// polls.
+// Progress driven by an application thread polling a CQ empty
+// (CompletionQueue::PollWithProgress -> Qp::DriveFromPoll): receive
+// completions, Read completions (send CQ) and Sends and Writes stuck behind
+// a full socket (send CQ) complete while the progress thread cannot run;
+// every message is processed exactly once and in order when pollers of both
+// CQs, posting threads and the progress thread race on one QP; and Destroy
+// and a peer's close are safe while another thread polls.
 #include <gtest/gtest.h>
 
 #include <condition_variable>
@@ -124,6 +125,194 @@ TEST_F(PollProgressTest, SendCompletesThroughPollWhileTheProgressThreadIsHeld) {
   EXPECT_EQ(wc[0].byte_len, 40u);
   EXPECT_TRUE(SameBytes(rbuf.data(), src.data(), 40));
   EXPECT_TRUE(rbuf.GuardsIntact());
+}
+
+TEST_F(PollProgressTest, ReadCompletesThroughSendCqPollWhileTheProgressThreadIsHeld) {
+  Link(a_, b_, Transport::kTcp, {});
+  ProgressThreadBlocker blocker(a_, b_.engine);
+  ASSERT_TRUE(blocker.Block());
+
+  Buffer source(3000);
+  source.Fill(9);
+  const std::uint32_t rkey = source.Register(b_.memory(), b_.pd, kAllRemote);
+  Buffer sink(3000);
+  SendWorkRequest read = MakeSend(21, SendOpcode::kRdmaRead);
+  AddSge(read, sink.addr(), 3000, sink.Register(a_.memory(), a_.pd, kAllRemote));
+  read.rkey = rkey;
+  read.remote_addr = source.addr();
+  ASSERT_EQ(a_.qp->PostSend(read), PostStatus::kOk);
+
+  const auto wc = PollProgressFor(*a_.send_cq, 1);
+  // Still held: the Read Response was placed by the polling thread.
+  EXPECT_TRUE(blocker.blocked());
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].wr_id, 21u);
+  EXPECT_EQ(wc[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(wc[0].opcode, WcOpcode::kRdmaRead);
+  EXPECT_TRUE(SameBytes(sink.data(), source.data(), 3000));
+  EXPECT_TRUE(sink.GuardsIntact());
+}
+
+TEST_F(PollProgressTest, WriteBehindAFullSocketCompletesThroughSendCqPoll) {
+  // A small send buffer on a's side, so a's transmit side stops at a full
+  // socket and waits for room while a's progress thread is held.
+  const std::array<int, 2> fds = Connect(Transport::kTcp);
+  const int small = 4096;
+  ASSERT_EQ(setsockopt(fds[0], SOL_SOCKET, SO_SNDBUF, &small, sizeof(small)), 0);
+  a_.Bind(fds[0], StreamParams{});
+  b_.Bind(fds[1], StreamParams{});
+  ProgressThreadBlocker blocker(a_, b_.engine);
+  ASSERT_TRUE(blocker.Block());
+
+  constexpr std::size_t kSize = 1 << 20;
+  Buffer src(kSize);
+  src.Fill(4);
+  Buffer dst(kSize);
+  const std::uint32_t rkey = dst.Register(b_.memory(), b_.pd, kAllRemote);
+  SendWorkRequest write = MakeSend(31, SendOpcode::kRdmaWrite);
+  AddSge(write, src.addr(), kSize, src.Register(a_.memory(), a_.pd, AccessFlags::kLocalWrite));
+  write.rkey = rkey;
+  write.remote_addr = dst.addr();
+  ASSERT_EQ(a_.qp->PostSend(write), PostStatus::kOk);
+
+  const auto wc = PollProgressFor(*a_.send_cq, 1);
+  EXPECT_TRUE(blocker.blocked());
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].wr_id, 31u);
+  EXPECT_EQ(wc[0].status, WcStatus::kSuccess);
+  EXPECT_GT(a_.qp->Counters().tx_would_block, 0u);  // it did wait for room
+  // A Send after it is delivered after the Write is placed (RFC 5040 5.5).
+  Buffer rbuf(8);
+  PostRecv(b_, 5, rbuf, rbuf.Register(b_.memory(), b_.pd, AccessFlags::kLocalWrite));
+  ASSERT_EQ(a_.qp->PostSend(MakeSend(32, SendOpcode::kSend)), PostStatus::kOk);
+  ASSERT_EQ(WaitCompletions(*b_.recv_cq, 1).size(), 1u);
+  EXPECT_TRUE(SameBytes(dst.data(), src.data(), kSize));
+}
+
+// Two application threads on a's QP race with each other and with a's
+// progress thread: one posts Writes, Reads and Sends and polls the send CQ
+// with progress, the other polls the receive CQ with progress for b's
+// Sends. Every WR completes once, in order, with its data.
+TEST_F(PollProgressTest, PostersPollersAndProgressThreadRaceOnOneQp) {
+  Link(a_, b_, Transport::kTcp, {});
+  constexpr std::size_t kOps = 600;
+  constexpr std::size_t kMaxSize = 6000;
+  constexpr std::size_t kWindow = 32;
+  auto size_of = [](std::size_t i) { return 1 + (i * 977) % kMaxSize; };
+
+  Buffer local(kWindow * kMaxSize);
+  const std::uint32_t lkey = local.Register(a_.memory(), a_.pd, kAllRemote);
+  Buffer remote(kWindow * kMaxSize);
+  remote.Fill(6);
+  const std::uint32_t rkey = remote.Register(b_.memory(), b_.pd, kAllRemote);
+  Buffer a_recv(kWindow * 64);
+  const std::uint32_t a_recv_key = a_recv.Register(a_.memory(), a_.pd, AccessFlags::kLocalWrite);
+  Buffer b_recv(kWindow * kMaxSize);
+  const std::uint32_t b_recv_key = b_recv.Register(b_.memory(), b_.pd, AccessFlags::kLocalWrite);
+  // b receives a's Sends, one in three of kOps.
+  for (std::uint64_t id = 0; id < kOps / 3; ++id) {
+    ReceiveWorkRequest rwr;
+    rwr.wr_id = id;
+    AddSge(rwr, b_recv.addr() + (id % kWindow) * kMaxSize, kMaxSize, b_recv_key);
+    ASSERT_EQ(b_.qp->PostRecv(rwr), PostStatus::kOk);
+  }
+  for (std::uint64_t id = 0; id < kWindow; ++id) {
+    ReceiveWorkRequest rwr;
+    rwr.wr_id = id;
+    AddSge(rwr, a_recv.addr() + id * 64, 64, a_recv_key);
+    ASSERT_EQ(a_.qp->PostRecv(rwr), PostStatus::kOk);
+  }
+  constexpr std::size_t kPeerSends = 200;
+
+  std::atomic<bool> failed{false};
+  std::atomic<std::size_t> a_received{0};
+  std::thread receiver([&] {
+    // a's receive CQ: b's Sends, reposted as they complete.
+    std::size_t received = 0;
+    std::array<WorkCompletion, 16> batch;
+    const auto deadline = Clock::now() + kWait;
+    while (received < kPeerSends && Clock::now() < deadline) {
+      const std::size_t got = a_.recv_cq->PollWithProgress(batch);
+      for (std::size_t i = 0; i < got; ++i) {
+        if (batch[i].wr_id != received % kWindow || batch[i].status != WcStatus::kSuccess ||
+            batch[i].byte_len != received % 64) {
+          failed = true;
+        }
+        ReceiveWorkRequest rwr;
+        rwr.wr_id = batch[i].wr_id;
+        AddSge(rwr, a_recv.addr() + batch[i].wr_id * 64, 64, a_recv_key);
+        if (received + kWindow < kPeerSends && a_.qp->PostRecv(rwr) != PostStatus::kOk) {
+          failed = true;
+        }
+        ++received;
+        a_received.store(received);
+      }
+    }
+    if (received != kPeerSends) failed = true;
+  });
+  std::thread peer([&] {
+    for (std::size_t i = 0; i < kPeerSends && !failed.load(); ++i) {
+      // Never more in flight than a has receives posted for.
+      const auto deadline = Clock::now() + kWait;
+      while (i >= a_received.load() + kWindow && Clock::now() < deadline) {
+        std::this_thread::yield();
+      }
+      SendWorkRequest wr = MakeSend(i, SendOpcode::kSend, kSendInline);
+      wr.inline_length = static_cast<std::uint32_t>(i % 64);
+      std::fill(wr.inline_data.begin(), wr.inline_data.begin() + wr.inline_length,
+                static_cast<std::uint8_t>(i));
+      while (b_.qp->PostSend(wr) == PostStatus::kQueueFull) std::this_thread::yield();
+    }
+  });
+
+  // This thread: a's poster and send-CQ poller.
+  std::size_t posted = 0;
+  std::size_t completed = 0;
+  std::array<WorkCompletion, 16> batch;
+  const auto deadline = Clock::now() + kWait;
+  while (completed < kOps && Clock::now() < deadline) {
+    if (posted < kOps && posted - completed < kWindow) {
+      const std::size_t slot = posted % kWindow;
+      const std::size_t size = size_of(posted);
+      SendWorkRequest wr;
+      switch (posted % 3) {
+        case 0:  // Write a's slot into b's slot
+          wr = MakeSend(posted, SendOpcode::kRdmaWrite);
+          wr.rkey = rkey;
+          wr.remote_addr = remote.addr() + slot * kMaxSize;
+          break;
+        case 1:  // Read b's slot into a's slot
+          wr = MakeSend(posted, SendOpcode::kRdmaRead);
+          wr.rkey = rkey;
+          wr.remote_addr = remote.addr() + slot * kMaxSize;
+          break;
+        default:
+          wr = MakeSend(posted, SendOpcode::kSend);
+          break;
+      }
+      AddSge(wr, local.addr() + slot * kMaxSize, static_cast<std::uint32_t>(size), lkey);
+      ASSERT_EQ(a_.qp->PostSend(wr), PostStatus::kOk);
+      ++posted;
+    }
+    const std::size_t got = a_.send_cq->PollWithProgress(batch);
+    for (std::size_t i = 0; i < got; ++i) {
+      if (batch[i].wr_id != completed || batch[i].status != WcStatus::kSuccess) failed = true;
+      ++completed;
+    }
+  }
+  peer.join();
+  receiver.join();
+  EXPECT_EQ(completed, kOps);
+  EXPECT_FALSE(failed.load());
+  const auto b_wc = WaitCompletions(*b_.recv_cq, kOps / 3);
+  ASSERT_EQ(b_wc.size(), kOps / 3);
+  for (std::size_t i = 0; i < b_wc.size(); ++i) {
+    EXPECT_EQ(b_wc[i].wr_id, i);
+    EXPECT_EQ(b_wc[i].byte_len, size_of(3 * i + 2));
+  }
+  EXPECT_TRUE(StaysEmpty(*a_.send_cq, std::chrono::milliseconds(20)));
+  EXPECT_EQ(a_.qp->Counters().rx_fpdus, b_.qp->Counters().tx_fpdus);
+  EXPECT_EQ(b_.qp->Counters().rx_fpdus, a_.qp->Counters().tx_fpdus);
 }
 
 TEST_F(PollProgressTest, PollerAndProgressThreadTogetherCompleteEveryMessageOnceInOrder) {

@@ -152,6 +152,43 @@ TEST_F(SemanticsTest, OnlySignaledWrsComplete) {
   EXPECT_TRUE(WaitUntil([&] { return a_.qp->Query().sq_outstanding == 0; }));
 }
 
+// ibv_wr_complete (ibv_wr_post(3)): "If a failure is detected ... the
+// entire posting will be aborted". PostSendAll queues every WR or none:
+// a bad WR anywhere, or too little room in the SQ, leaves the SQ as it was;
+// PostSend, as ibv_post_send, keeps the WRs before the bad one.
+TEST_F(SemanticsTest, PostSendAllPostsEveryWrOrNone) {
+  NodeOptions options;
+  options.sq_caps.max_wr = 4;
+  Node a(options);
+  Node b;
+  Link(a, b, Transport::kSocketPair, {});
+  Buffer rbuf(64, 0);
+  const std::uint32_t lkey = rbuf.Register(b.memory(), b.pd, AccessFlags::kLocalWrite);
+  for (std::uint64_t i = 1; i <= 4; ++i) PostRecv(b, i, rbuf, lkey);
+
+  SendWorkRequest bad = MakeSend(3, SendOpcode::kSend);
+  bad.num_sge = options.sq_caps.max_sge + 1;
+  const std::array<SendWorkRequest, 3> with_bad{MakeSend(1, SendOpcode::kSend),
+                                                MakeSend(2, SendOpcode::kSend), bad};
+  EXPECT_EQ(a.qp->PostSendAll(with_bad), PostStatus::kTooManySge);
+  const std::vector<SendWorkRequest> five(5, MakeSend(4, SendOpcode::kSend));
+  EXPECT_EQ(a.qp->PostSendAll(five), PostStatus::kQueueFull);
+  EXPECT_EQ(a.qp->Query().sq_outstanding, 0u);
+  EXPECT_TRUE(StaysEmpty(*b.recv_cq, std::chrono::milliseconds(20)));
+  EXPECT_TRUE(StaysEmpty(*a.send_cq, std::chrono::milliseconds(0)));
+
+  std::size_t posted = 0;
+  EXPECT_EQ(a.qp->PostSend(with_bad, &posted), PostStatus::kTooManySge);
+  EXPECT_EQ(posted, 2u);
+  ASSERT_EQ(WaitCompletions(*b.recv_cq, 2).size(), 2u);
+  ASSERT_EQ(WaitCompletions(*a.send_cq, 2).size(), 2u);
+  ASSERT_TRUE(WaitUntil([&] { return a.qp->Query().sq_outstanding == 0; }));
+  const std::vector<SendWorkRequest> two(2, MakeSend(5, SendOpcode::kSend));
+  EXPECT_EQ(a.qp->PostSendAll(two), PostStatus::kOk);
+  EXPECT_EQ(WaitCompletions(*b.recv_cq, 2).size(), 2u);
+  EXPECT_EQ(WaitCompletions(*a.send_cq, 2).size(), 2u);
+}
+
 TEST_F(SemanticsTest, SqSigAllCompletesEveryWr) {
   NodeOptions options;
   options.sq_sig_all = true;

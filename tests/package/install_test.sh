@@ -106,6 +106,9 @@ echo "installed: $(dpkg-query -W -f='${Package} ${Version} depends on ${Depends}
 out=$(siwx-run ibv_devices 2>&1) || fail "siwx-run ibv_devices failed: $out"
 printf '%s\n' "$out"
 printf '%s\n' "$out" | grep -q 'siwx_lo' || fail "siwx-run ibv_devices lists no siwx_lo"
+[ -x /usr/bin/siwx ] || fail "no /usr/bin/siwx"
+out=$(siwx devices 2>&1) || fail "siwx devices failed: $out"
+printf '%s\n' "$out" | grep -q '^siwx_lo .* ACTIVE' || fail "siwx devices lists no active siwx_lo"
 
 bash /tmp/run_pair.sh /usr/bin/siwx-run perftest ib_write_bw ||
 	fail "ib_write_bw -R between two processes"

@@ -8,8 +8,10 @@
 # fills with every TCP packet a sends or receives on veth0. Host b runs the
 # client.
 #
-# Usage: run_twohost.sh <siwx-run> <twohost_traffic> <impair> <scenario>
-# Scenarios: see the case statement at the end (and README.md here).
+# Usage: run_twohost.sh <siwx-run> <twohost_traffic> <impair> <scenario> [args]
+# Scenarios: see the case statement at the end (and README.md here). The
+# mpi scenario takes the mpi_check binary (tests/apps) and the Open MPI
+# mpirun as args.
 # Exit status: 0 pass, 1 fail, 77 skipped (no root, no `ip netns`, no
 # NFQUEUE). The namespaces get names unique to this run and are removed on
 # every exit; ones left by a run that was killed outright are removed by
@@ -19,6 +21,7 @@ run=$1
 traffic=$2
 impair=$3
 scenario=$4
+shift 4
 
 addr_a=192.0.2.1
 addr_b=192.0.2.2
@@ -295,9 +298,9 @@ expect_both_survive() {
 start_fault_traffic() {
 	local seconds=$1
 	shift
-	start_server $((seconds + 30)) SIWX_LOG_LEVEL=warn "$@" -- --fault --rounds 0 --seconds "$seconds" \
+	start_server $((seconds + 30)) SIWX_LOG_LEVEL=info "$@" -- --fault --rounds 0 --seconds "$seconds" \
 		--max-size 1048576 ${stall_ms:+--stall-ms $stall_ms}
-	start_client $((seconds + 30)) SIWX_LOG_LEVEL=warn "$@" -- --fault --rounds 0 --seconds "$seconds" \
+	start_client $((seconds + 30)) SIWX_LOG_LEVEL=info "$@" -- --fault --rounds 0 --seconds "$seconds" \
 		--max-size 1048576 ${stall_ms:+--stall-ms $stall_ms}
 }
 
@@ -352,6 +355,51 @@ impaired_write_bw | impaired_read_bw)
 	row=$(awk '$1 == 65536 && $2 == 40' "$work/client.log")
 	[ -n "$row" ] || fail "no result row for 40 iterations of 65536 octets"
 	echo "$tool: $row"
+	stop_impair
+	;;
+oob_rc_pingpong)
+	# Out-of-band QP connect across hosts (docs/out-of-band-connect.md):
+	# ibv_rc_pingpong exchanges QPN, PSN and GID over its own socket; -g 0
+	# puts the GID that names each host's siwx listener into the exchange,
+	# -c checks every received buffer.
+	iters=500
+	ip netns exec "$ns_a" timeout -k 5 60 "$run" -- ibv_rc_pingpong -d siwx_veth0 -g 0 -c \
+		-n "$iters" -s 4096 -p "$port" >"$work/server.log" 2>&1 &
+	server_pid=$!
+	wait_listening
+	in_b timeout -k 5 60 "$run" -- ibv_rc_pingpong -d siwx_veth0 -g 0 -c -n "$iters" -s 4096 \
+		-p "$port" "$addr_a" >"$work/client.log" 2>&1
+	c=$?
+	[ "$c" -eq 0 ] || kill -TERM "$server_pid" 2>/dev/null
+	wait "$server_pid"
+	s=$?
+	[ "$c" -eq 0 ] && [ "$s" -eq 0 ] || fail "ibv_rc_pingpong exited with client $c server $s"
+	for side in client server; do
+		grep -q "^$iters iters in " "$work/$side.log" || fail "$side: no '$iters iters' line"
+		grep -q "GID ::.*:ffff:c000:20[12]" "$work/$side.log" || fail "$side: GID does not name the veth address"
+	done
+	echo "ibv_rc_pingpong across hosts: $iters round trips of 4096 octets, every buffer checked (-c)"
+	grep -E 'address|iters' "$work/client.log"
+	;;
+oob_impaired_write_bw)
+	# perftest without -R (QPs connected out of band) under loss, delay,
+	# reordering and duplication.
+	start_impair 240 "${impairment[@]}"
+	ip netns exec "$ns_a" timeout -k 5 200 "$run" -- ib_write_bw -d siwx_veth0 -p "$port" -n 40 \
+		-s 65536 >"$work/server.log" 2>&1 &
+	server_pid=$!
+	wait_listening
+	in_b timeout -k 5 200 "$run" -- ib_write_bw -d siwx_veth0 -p "$port" -n 40 -s 65536 "$addr_a" \
+		>"$work/client.log" 2>&1
+	c=$?
+	[ "$c" -eq 0 ] || kill -TERM "$server_pid" 2>/dev/null
+	wait "$server_pid"
+	s=$?
+	[ "$c" -eq 0 ] && [ "$s" -eq 0 ] || fail "ib_write_bw exited with client $c server $s"
+	grep -q 'rdma_cm QPs.*: OFF' "$work/client.log" || fail "ib_write_bw used rdma_cm"
+	row=$(awk '$1 == 65536 && $2 == 40' "$work/client.log")
+	[ -n "$row" ] || fail "no result row for 40 iterations of 65536 octets"
+	echo "ib_write_bw without -R: $row"
 	stop_impair
 	;;
 kill_server | kill_client)
@@ -415,8 +463,8 @@ bitflip_nocrc)
 	# default): documented in README.md here. The run must not crash or
 	# hang; what the flips did is counted and printed.
 	start_impair 90 --flip 5 --flip-count 3 --flip-skip 4096
-	start_server 90 SIWX_LOG_LEVEL=warn -- --fault --tolerate-corruption --rounds 150 --max-size 65536
-	start_client 90 SIWX_LOG_LEVEL=warn -- --fault --tolerate-corruption --rounds 150 --max-size 65536
+	start_server 90 SIWX_LOG_LEVEL=info -- --fault --tolerate-corruption --rounds 150 --max-size 65536
+	start_client 90 SIWX_LOG_LEVEL=info -- --fault --tolerate-corruption --rounds 150 --max-size 65536
 	wait "$client_pid"
 	c=$?
 	wait "$server_pid"
@@ -461,6 +509,55 @@ connections)
 	cat "$work/burst.log"
 	grep -q ' left_open=0$' "$work/burst.log" || fail "the server left hostile connections open"
 	grep '^twohost_traffic: usage' "$work/server.log"
+	;;
+mpi)
+	# A 2-rank Open MPI job, one rank per host, over siwx_veth0 (pml cm,
+	# mtl ofi, libfabric verbs;ofi_rxm; tests/apps/run_mpi.sh runs the
+	# same job on one host). mpirun runs in host a; its remote launcher
+	# (plm_rsh_agent) is a script that runs the daemon's command in the
+	# namespace of the host named by its address instead of over ssh. Each
+	# rank runs under siwx-run.
+	mpi_check=${1:-}
+	mpirun=${2:-mpirun.openmpi}
+	[ -n "$mpi_check" ] && [ -x "$mpi_check" ] || skip "mpi_check was not built (no Open MPI)"
+	command -v "$mpirun" >/dev/null || skip "no Open MPI mpirun"
+	agent="$work/netns-rsh"
+	cat >"$agent" <<-AGENT
+		#!/bin/sh
+		# mpirun's remote shell: <host address> <command...> -> the namespace
+		case "\$1" in
+		$addr_a) ns=$ns_a ;;
+		$addr_b) ns=$ns_b ;;
+		*) echo "netns-rsh: unknown host \$1" >&2; exit 1 ;;
+		esac
+		shift
+		exec ip netns exec "\$ns" /bin/sh -c "\$*"
+	AGENT
+	chmod +x "$agent"
+	printf '%s slots=1\n%s slots=1\n' "$addr_a" "$addr_b" >"$work/hostfile"
+	# The two "hosts" share this machine's cores: ranks that spin while
+	# idle (the default when the hostfile's slots are not oversubscribed)
+	# starve siwx's progress threads (8 ms round trips instead of 0.7 ms
+	# on 2 cores), so they yield, as --oversubscribe makes them do in
+	# apps.mpi.
+	in_a timeout -k 10 150 "$mpirun" --allow-run-as-root -np 2 --hostfile "$work/hostfile" \
+		--mca mpi_yield_when_idle 1 \
+		--mca plm_rsh_agent "$agent" --mca plm_rsh_no_tree_spawn 1 \
+		--mca oob_tcp_if_include veth0 \
+		--mca pml cm --mca mtl ofi --mca mtl_ofi_provider_include verbs --mca btl self \
+		--mca mtl_base_verbose 10 \
+		-x FI_PROVIDER=verbs -x FI_VERBS_IFACE=veth0 -x SIWX_LOG_LEVEL=info \
+		"$run" -- "$mpi_check" >"$work/mpi.log" 2>&1
+	status=$?
+	[ "$status" -eq 0 ] || fail "mpirun exited with $status"
+	grep -q '^mpi_check: all checks passed' "$work/mpi.log" || fail "mpi_check did not pass"
+	domains=$(grep -c 'mtl:ofi:provider: siwx_veth0' "$work/mpi.log")
+	[ "$domains" -eq 2 ] || fail "$domains ranks report the siwx_veth0 domain, expected 2"
+	grep -Eq "connected as Initiator with ($addr_a|$addr_b):" "$work/mpi.log" ||
+		fail "no siwx connection between the hosts"
+	grep -Eq "accepted as Responder with ($addr_a|$addr_b):" "$work/mpi.log" ||
+		fail "no siwx connection between the hosts"
+	grep '^mpi_check: ' "$work/mpi.log"
 	;;
 *)
 	echo "unknown scenario '$scenario'" >&2

@@ -114,17 +114,46 @@ TEST(Poller, ReportsReadableCookieAndDoorbellWakes) {
   bell.Ring();
   bell.Ring();
   ASSERT_EQ(poller.Wait(events, 1000), 1);
-  EXPECT_EQ(events[0].cookie, &bell_cookie);
+  EXPECT_EQ(events[0].ptr(), &bell_cookie);
   bell.Drain();
   EXPECT_EQ(poller.Wait(events, 0), 0);
 
   const std::array<iovec, 1> out{iovec{const_cast<char*>("x"), 1}};
   ASSERT_EQ(a.WriteV(out).bytes, 1u);
   ASSERT_EQ(poller.Wait(events, 1000), 1);
-  EXPECT_EQ(events[0].cookie, &stream_cookie);
+  EXPECT_EQ(events[0].ptr(), &stream_cookie);
   EXPECT_TRUE(events[0].readable);
   EXPECT_FALSE(events[0].writable);
   EXPECT_EQ(poller.Remove(b.fd()), 0);
+}
+
+// The interest-bit interface the CM uses: numeric cookies, the peer's FIN
+// alone (kWantHangup), and removal by interest 0.
+TEST(Poller, UpdateTracksRegistrationAndReportsThePeersFin) {
+  auto fds = SocketPair();
+  TcpStream a(fds[0]), b(fds[1]);
+  Poller poller;
+  ASSERT_EQ(poller.error(), 0);
+  bool registered = false;
+  constexpr std::uint64_t kCookie = 0x1234567890abcdefull;
+  ASSERT_EQ(poller.Update(b.fd(), kWantHangup, kCookie, &registered), 0);
+  EXPECT_TRUE(registered);
+  std::array<Poller::Event, 4> events{};
+  const std::array<iovec, 1> out{iovec{const_cast<char*>("x"), 1}};
+  ASSERT_EQ(a.WriteV(out).bytes, 1u);
+  EXPECT_EQ(poller.Wait(events, 0), 0);  // data alone is not of interest
+  ASSERT_EQ(poller.Update(b.fd(), kWantHangup | kWantRead, kCookie, &registered), 0);
+  ASSERT_EQ(poller.Wait(events, 1000), 1);
+  EXPECT_EQ(events[0].cookie, kCookie);
+  EXPECT_TRUE(events[0].readable);
+  EXPECT_FALSE(events[0].hangup);
+  a.ShutdownWrite();
+  ASSERT_EQ(poller.Wait(events, 1000), 1);
+  EXPECT_TRUE(events[0].hangup);
+  ASSERT_EQ(poller.Update(b.fd(), 0, kCookie, &registered), 0);
+  EXPECT_FALSE(registered);
+  EXPECT_EQ(poller.Update(b.fd(), 0, kCookie, &registered), 0);  // already out: no call
+  EXPECT_EQ(poller.Wait(events, 0), 0);
 }
 
 }  // namespace

@@ -675,3 +675,16 @@ TEST(Terminate, StatusNames) {
 
 }  // namespace
 }  // namespace siwx::rdmap
+
+// The form of every Terminate log line and of `siwx stat`: RFC 5040 7.2/7.3
+// names of layer, type and code, then the numbers.
+TEST(TerminateDescribe, NamesLayerTypeAndCode) {
+  EXPECT_EQ(siwx::rdmap::DescribeTerminateCause(siwx::rdmap::TerminateCause::MpaCrcMismatch()),
+            "LLP / MPA Error / Received MPA CRC does not match (layer 2, type 0, code 0x02)");
+  EXPECT_EQ(siwx::rdmap::DescribeTerminateCause(siwx::rdmap::TerminateCause::DdpInvalidStag()),
+            "DDP / Tagged Buffer Error / Invalid STag (layer 1, type 1, code 0x00)");
+  const siwx::rdmap::TerminateCause odd{0xF, 0xE, 0x77};
+  EXPECT_EQ(siwx::rdmap::DescribeTerminateCause(odd),
+            "unknown layer / unknown error type / unknown error code "
+            "(layer 15, type 14, code 0x77)");
+}

@@ -74,7 +74,7 @@ static void creation(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv_cq *
 	CHECK_EQ(attr.cap.max_send_sge, 2);
 	CHECK_EQ(attr.cap.max_recv_sge, 3);
 	CHECK_EQ(attr.cap.max_inline_data, 256);
-	/* No ibv_wr_* send API. */
+	/* Made without send_ops_flags: no ibv_wr_* send API (qp_wr.c). */
 	CHECK(ibv_qp_to_qp_ex(qp) == NULL);
 
 	/* The QP uses the PD and both CQs. */
@@ -292,8 +292,9 @@ static void states(struct ibv_pd *pd, struct ibv_cq *scq, struct ibv_cq *rcq)
 	attr.min_rnr_timer = 12;
 	CHECK_EQ(ibv_modify_qp(qp, &attr, IBV_QP_MIN_RNR_TIMER), 0);
 
-	/* INIT -> RTR with the InfiniBand RC set: the path attributes are
-	 * ignored, the IRD is recorded. */
+	/* INIT -> RTR with an address vector needs a GRH: the port is
+	 * Ethernet (as RoCE) and the peer's GID is how siwx finds it for an
+	 * out-of-band connect (docs/out-of-band-connect.md, qp_oob.c). */
 	memset(&attr, 0, sizeof(attr));
 	attr.qp_state = IBV_QPS_RTR;
 	attr.path_mtu = IBV_MTU_1024;
@@ -304,6 +305,24 @@ static void states(struct ibv_pd *pd, struct ibv_cq *scq, struct ibv_cq *rcq)
 	attr.ah_attr.dlid = 3;
 	attr.ah_attr.port_num = 1;
 	CHECK_EQ(ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+						  IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+						  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER),
+		 EINVAL);
+	/* A GRH whose GID is not a siwx GID (an IPv6 address) names no peer. */
+	attr.ah_attr.is_global = 1;
+	memset(attr.ah_attr.grh.dgid.raw, 0, 16);
+	attr.ah_attr.grh.dgid.raw[0] = 0xfe;
+	attr.ah_attr.grh.dgid.raw[1] = 0x80;
+	attr.ah_attr.grh.dgid.raw[15] = 1;
+	CHECK_EQ(ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+						  IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+						  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER),
+		 EINVAL);
+	CHECK_EQ(qp->state, IBV_QPS_INIT);
+	/* The rest of the InfiniBand RC set, without an address vector (what
+	 * a connection manager passes): the path attributes are ignored, the
+	 * IRD is recorded. */
+	CHECK_EQ(ibv_modify_qp(qp, &attr, IBV_QP_STATE | IBV_QP_PATH_MTU |
 						  IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
 						  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER),
 		 0);

@@ -5,6 +5,10 @@
 #include "verbs_test.h"
 
 #include <endian.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <string.h>
+#include <sys/socket.h>
 #include <net/if.h>
 #include <unistd.h>
 
@@ -40,13 +44,37 @@ static void check_device_attr(const struct ibv_device_attr *a, __be64 guid)
 	CHECK_EQ(a->phys_port_cnt, 1);
 }
 
-/* GID 0: subnet prefix zero, interface id = EUI-64 of the MAC (universal/
- * local bit inverted, ff:fe inserted), or the node GUID without a MAC. */
-static void expected_gid(const char *ifname, __be64 node_guid, union ibv_gid *gid)
+/* GID 0 of an interface with an IPv4 address names this process's
+ * out-of-band listener (docs/out-of-band-connect.md): subnet prefix zero,
+ * octets 8..9 the listener's TCP port (not zero), 10..11 ff ff, 12..15 the
+ * address; the port is only known from the GID itself, so *port_octets
+ * says where it is. Otherwise: subnet prefix zero, interface id = EUI-64 of
+ * the MAC (universal/local bit inverted, ff:fe inserted), or the node GUID
+ * without a MAC. */
+static void expected_gid(const char *ifname, __be64 node_guid, union ibv_gid *gid,
+			 int *port_octets)
 {
 	uint8_t mac[6];
+	struct ifaddrs *list = NULL;
 
 	memset(gid, 0, sizeof(*gid));
+	*port_octets = 0;
+	CHECK_EQ(getifaddrs(&list), 0);
+	for (struct ifaddrs *a = list; a != NULL; a = a->ifa_next) {
+		if (a->ifa_addr == NULL || a->ifa_addr->sa_family != AF_INET ||
+		    strcmp(a->ifa_name, ifname) != 0)
+			continue;
+		struct sockaddr_in in;
+		memcpy(&in, a->ifa_addr, sizeof(in));
+		gid->raw[10] = 0xff;
+		gid->raw[11] = 0xff;
+		memcpy(&gid->raw[12], &in.sin_addr.s_addr, 4);
+		*port_octets = 1;
+		break;
+	}
+	freeifaddrs(list);
+	if (*port_octets)
+		return;
 	CHECK_EQ(interface_mac(ifname, mac), 0);
 	if (memcmp(mac, "\0\0\0\0\0\0", 6) == 0) {
 		memcpy(&gid->raw[8], &node_guid, 8);
@@ -62,8 +90,9 @@ static void check_port_and_gids(const char *ifname, void *arg)
 	struct ibv_context *ctx = open_siwx(ifname);
 	__be64 guid = ibv_get_device_guid(ctx->device);
 	union ibv_gid want;
+	int port_octets;
 
-	expected_gid(ifname, guid, &want);
+	expected_gid(ifname, guid, &want, &port_octets);
 
 	struct ibv_port_attr port;
 	memset(&port, 0xAB, sizeof(port));
@@ -86,7 +115,18 @@ static void check_port_and_gids(const char *ifname, void *arg)
 	union ibv_gid gid;
 	memset(&gid, 0xAB, sizeof(gid));
 	CHECK_EQ(ibv_query_gid(ctx, 1, 0, &gid), 0);
+	if (port_octets) {
+		CHECK(gid.raw[8] != 0 || gid.raw[9] != 0);
+		want.raw[8] = gid.raw[8];
+		want.raw[9] = gid.raw[9];
+	}
 	CHECK(memcmp(&gid, &want, sizeof(gid)) == 0);
+	/* One listener per device and process: a second context sees the same. */
+	struct ibv_context *other = open_siwx(ifname);
+	union ibv_gid again;
+	CHECK_EQ(ibv_query_gid(other, 1, 0, &again), 0);
+	CHECK(memcmp(&again, &gid, sizeof(gid)) == 0);
+	CHECK_EQ(ibv_close_device(other), 0);
 
 	struct ibv_gid_entry entry;
 	memset(&entry, 0xAB, sizeof(entry));

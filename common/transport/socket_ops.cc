@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
-#include "rdmacm-ext/cm_socket.h"
+#include "common/transport/socket_ops.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -7,17 +7,17 @@
 #include <net/if.h>
 #include <poll.h>
 #include <netinet/tcp.h>
-#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 
-namespace siwx::cm::net {
+namespace siwx::transport {
 namespace {
 
 int Errno() { return errno != 0 ? errno : EIO; }
@@ -33,17 +33,26 @@ IoResult FromCount(ssize_t n, bool read_side) {
     return r;
   }
   if (n == 0 && read_side) {
-    r.status = IoResult::Status::kClosed;
+    r.status = IoStatus::kClosed;
     return r;
   }
   if (n == 0) return r;
   if (errno == EAGAIN || errno == EWOULDBLOCK) {
-    r.status = IoResult::Status::kWouldBlock;
+    r.status = IoStatus::kWouldBlock;
     return r;
   }
-  r.status = IoResult::Status::kError;
+  r.status = IoStatus::kError;
   r.error = Errno();
   return r;
+}
+
+// One non-blocking recv, retried on EINTR.
+IoResult RecvOnce(int fd, void* into, std::size_t len, int flags) {
+  ssize_t n;
+  do {
+    n = recv(fd, into, len, flags | MSG_DONTWAIT);
+  } while (n < 0 && errno == EINTR);
+  return FromCount(n, true);
 }
 
 }  // namespace
@@ -231,12 +240,21 @@ int PeerAddress(int fd, SockAddr* out) {
   return 0;
 }
 
+namespace {
+std::atomic<StartupIoTap> startup_io_tap{nullptr};
+
+void TraceIo(int fd, int direction, const std::uint8_t* data, std::size_t n) {
+  if (n == 0) return;
+  if (const StartupIoTap tap = startup_io_tap.load(std::memory_order_acquire)) {
+    tap(fd, direction, data, n);
+  }
+}
+}  // namespace
+
+void SetStartupIoTap(StartupIoTap tap) { startup_io_tap.store(tap, std::memory_order_release); }
+
 IoResult Peek(int fd, MutableByteSpan into) {
-  ssize_t n;
-  do {
-    n = recv(fd, into.data(), into.size(), MSG_PEEK | MSG_DONTWAIT);
-  } while (n < 0 && errno == EINTR);
-  return FromCount(n, true);
+  return RecvOnce(fd, into.data(), into.size(), MSG_PEEK);
 }
 
 IoResult Discard(int fd, std::size_t n) {
@@ -244,12 +262,9 @@ IoResult Discard(int fd, std::size_t n) {
   IoResult total;
   while (total.bytes < n) {
     const std::size_t want = std::min(scratch.size(), n - total.bytes);
-    ssize_t got;
-    do {
-      got = recv(fd, scratch.data(), want, MSG_DONTWAIT);
-    } while (got < 0 && errno == EINTR);
-    const IoResult r = FromCount(got, true);
-    if (r.status != IoResult::Status::kOk) {
+    const IoResult r = RecvOnce(fd, scratch.data(), want, 0);
+    TraceIo(fd, 1, scratch.data(), r.bytes);
+    if (r.status != IoStatus::kOk) {
       total.status = r.status;
       total.error = r.error;
       return total;
@@ -263,12 +278,9 @@ IoResult DrainInput(int fd) {
   std::array<std::uint8_t, 4096> scratch;
   IoResult total;
   for (;;) {
-    ssize_t got;
-    do {
-      got = recv(fd, scratch.data(), scratch.size(), MSG_DONTWAIT);
-    } while (got < 0 && errno == EINTR);
-    const IoResult r = FromCount(got, true);
-    if (r.status != IoResult::Status::kOk) {
+    const IoResult r = RecvOnce(fd, scratch.data(), scratch.size(), 0);
+    TraceIo(fd, 1, scratch.data(), r.bytes);
+    if (r.status != IoStatus::kOk) {
       total.status = r.status;
       total.error = r.error;
       return total;
@@ -282,7 +294,9 @@ IoResult SendSome(int fd, ByteSpan bytes) {
   do {
     n = send(fd, bytes.data(), bytes.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
   } while (n < 0 && errno == EINTR);
-  return FromCount(n, false);
+  const IoResult r = FromCount(n, false);
+  TraceIo(fd, 0, bytes.data(), r.bytes);
+  return r;
 }
 
 void ShutdownWrite(int fd) { (void)shutdown(fd, SHUT_WR); }
@@ -351,44 +365,6 @@ std::optional<std::string> InterfaceForAddress(const SockAddr& raw) {
   return std::nullopt;
 }
 
-int CreateEpoll(int* fd_out) {
-  const int fd = epoll_create1(EPOLL_CLOEXEC);
-  if (fd < 0) return Errno();
-  *fd_out = fd;
-  return 0;
-}
-
-int EpollUpdate(int epfd, int fd, std::uint32_t interest, std::uint64_t cookie, bool* registered) {
-  if (interest == 0) {
-    if (!*registered) return 0;
-    *registered = false;
-    return epoll_ctl(epfd, EPOLL_CTL_DEL, fd, nullptr) == 0 ? 0 : Errno();
-  }
-  epoll_event ev{};
-  if ((interest & kWantRead) != 0) ev.events |= EPOLLIN;
-  if ((interest & kWantWrite) != 0) ev.events |= EPOLLOUT;
-  if ((interest & kWantHangup) != 0) ev.events |= EPOLLRDHUP;
-  ev.data.u64 = cookie;
-  const int op = *registered ? EPOLL_CTL_MOD : EPOLL_CTL_ADD;
-  if (epoll_ctl(epfd, op, fd, &ev) != 0) return Errno();
-  *registered = true;
-  return 0;
-}
-
-int EpollWait(int epfd, PollEvent* events, int max, int timeout_ms) {
-  constexpr int kBatch = 64;
-  epoll_event raw[kBatch];
-  const int n = epoll_wait(epfd, raw, std::min(max, kBatch), timeout_ms);
-  if (n <= 0) return 0;
-  for (int i = 0; i < n; ++i) {
-    events[i].cookie = raw[i].data.u64;
-    events[i].readable = (raw[i].events & EPOLLIN) != 0;
-    events[i].writable = (raw[i].events & EPOLLOUT) != 0;
-    events[i].hangup = (raw[i].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0;
-  }
-  return n;
-}
-
 int CreateEventFd(bool nonblocking, int* fd_out) {
   const int fd = eventfd(0, EFD_CLOEXEC | (nonblocking ? EFD_NONBLOCK : 0));
   if (fd < 0) return Errno();
@@ -433,4 +409,4 @@ void DrainEventFd(int fd) {
   } while (n < 0 && errno == EINTR);
 }
 
-}  // namespace siwx::cm::net
+}  // namespace siwx::transport

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
-#include "providers/siwx/log.h"
+#include "common/util/log.h"
 
 #include <cstdarg>
 #include <cstdio>

@@ -1,0 +1,138 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
+// The engine's part of the out-of-band QP connect
+// (docs/out-of-band-connect.md): Sends posted in RTR after the application
+// asked for RTS wait for the stream and go out first, in order; and a QP
+// told to end as an InfiniBand RC QP closes with FIN on Destroy and keeps
+// its receives when the peer closes in order.
+#include <cstdint>
+#include <vector>
+
+#include "engine/engine_test_util.h"
+
+namespace siwx::engine::testing {
+namespace {
+
+constexpr std::uint32_t kMsg = 1024;
+
+SendWorkRequest SendOf(std::uint64_t wr_id, Buffer& buf, std::uint32_t key) {
+  SendWorkRequest wr = MakeSend(wr_id, SendOpcode::kSend);
+  AddSge(wr, buf.addr(), kMsg, key);
+  return wr;
+}
+
+TEST(EngineOobTest, SendsPostedInRtrWaitForTheStreamAndGoFirstInOrder) {
+  Node a;
+  Node b;
+  ASSERT_EQ(a.qp->Modify(QpState::kRtr), QpStatus::kOk);
+  ASSERT_EQ(b.qp->Modify(QpState::kRtr), QpStatus::kOk);
+  std::vector<std::unique_ptr<Buffer>> src;
+  std::vector<std::uint32_t> src_keys;
+  for (std::uint32_t i = 0; i < 3; ++i) {
+    src.push_back(std::make_unique<Buffer>(kMsg));
+    src.back()->Fill(100 + i);
+    src_keys.push_back(src.back()->Register(a.memory(), a.pd, AccessFlags::kLocalWrite));
+  }
+  // Without the request for RTS a send in RTR is refused, as verbs says.
+  EXPECT_EQ(a.qp->PostSend(SendOf(1, *src[0], src_keys[0])), PostStatus::kInvalidState);
+  a.qp->QueueSendsBeforeStream();
+  ASSERT_EQ(a.qp->PostSend(SendOf(1, *src[0], src_keys[0])), PostStatus::kOk);
+  ASSERT_EQ(a.qp->PostSend(SendOf(2, *src[1], src_keys[1])), PostStatus::kOk);
+  EXPECT_TRUE(StaysEmpty(*a.send_cq, std::chrono::milliseconds(50)));
+
+  std::vector<std::unique_ptr<Buffer>> dst;
+  for (std::uint32_t i = 0; i < 3; ++i) {
+    dst.push_back(std::make_unique<Buffer>(kMsg));
+    PostRecv(b, 10 + i, *dst.back(), dst.back()->Register(b.memory(), b.pd,
+                                                          AccessFlags::kLocalWrite));
+  }
+  Link(a, b, Transport::kTcp, {});
+  ASSERT_EQ(a.qp->PostSend(SendOf(3, *src[2], src_keys[2])), PostStatus::kOk);
+
+  const std::vector<WorkCompletion> sent = WaitCompletions(*a.send_cq, 3);
+  ASSERT_EQ(sent.size(), 3u);
+  const std::vector<WorkCompletion> got = WaitCompletions(*b.recv_cq, 3);
+  ASSERT_EQ(got.size(), 3u);
+  for (std::uint32_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(sent[i].wr_id, i + 1);
+    EXPECT_EQ(sent[i].status, WcStatus::kSuccess);
+    EXPECT_EQ(got[i].wr_id, 10 + i);
+    EXPECT_EQ(got[i].status, WcStatus::kSuccess);
+    EXPECT_TRUE(SameBytes(dst[i]->data(), src[i]->data(), kMsg));
+  }
+}
+
+TEST(EngineOobTest, QueuedSendsFlushWhenTheQpFailsBeforeTheStream) {
+  Node a;
+  ASSERT_EQ(a.qp->Modify(QpState::kRtr), QpStatus::kOk);
+  a.qp->QueueSendsBeforeStream();
+  Buffer src(kMsg);
+  const std::uint32_t key = src.Register(a.memory(), a.pd, AccessFlags::kLocalWrite);
+  ASSERT_EQ(a.qp->PostSend(SendOf(1, src, key)), PostStatus::kOk);
+  ASSERT_EQ(a.qp->Modify(QpState::kError), QpStatus::kOk);
+  const std::vector<WorkCompletion> wc = WaitCompletions(*a.send_cq, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].wr_id, 1u);
+  EXPECT_EQ(wc[0].status, WcStatus::kWrFlushErr);
+}
+
+// The peer destroys its QP after its last Send: that Send arrives, the
+// stream ends with FIN (no RST that could drop it), and the receives still
+// posted here stay outstanding until the application moves the QP to ERR.
+TEST(EngineOobTest, IbTeardownDeliversTheLastMessageAndKeepsReceives) {
+  auto a = std::make_unique<Node>();
+  Node b;
+  a->qp->UseIbTeardown();
+  b.qp->UseIbTeardown();
+  // Registered in a's engine: freed before a goes.
+  auto src = std::make_unique<Buffer>(kMsg);
+  src->Fill(7);
+  const std::vector<std::uint8_t> sent(src->data(), src->data() + kMsg);
+  const std::uint32_t src_key = src->Register(a->memory(), a->pd, AccessFlags::kLocalWrite);
+  Buffer dst0(kMsg);
+  Buffer dst1(kMsg);
+  PostRecv(b, 20, dst0, dst0.Register(b.memory(), b.pd, AccessFlags::kLocalWrite));
+  PostRecv(b, 21, dst1, dst1.Register(b.memory(), b.pd, AccessFlags::kLocalWrite));
+  Link(*a, b, Transport::kTcp, {});
+  ASSERT_EQ(a->qp->PostSend(SendOf(1, *src, src_key)), PostStatus::kOk);
+  ASSERT_EQ(WaitCompletions(*a->send_cq, 1).size(), 1u);
+  src.reset();
+  a.reset();  // Destroy, then the engine goes
+
+  const std::vector<WorkCompletion> got = WaitCompletions(*b.recv_cq, 1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].wr_id, 20u);
+  EXPECT_EQ(got[0].status, WcStatus::kSuccess);
+  EXPECT_TRUE(SameBytes(dst0.data(), sent.data(), kMsg));
+  // The orderly close ends the stream: the QP goes to ERR without a fatal
+  // event, and receive 21 is kept.
+  const Clock::time_point deadline = Clock::now() + kWait;
+  while (b.qp->state() != QpState::kError && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(b.qp->state(), QpState::kError);
+  EXPECT_FALSE(b.events.Has(AsyncEventType::kQpFatal));
+  EXPECT_TRUE(StaysEmpty(*b.recv_cq, std::chrono::milliseconds(100)));
+  ASSERT_EQ(b.qp->Modify(QpState::kError), QpStatus::kOk);
+  const std::vector<WorkCompletion> flushed = WaitCompletions(*b.recv_cq, 1);
+  ASSERT_EQ(flushed.size(), 1u);
+  EXPECT_EQ(flushed[0].wr_id, 21u);
+  EXPECT_EQ(flushed[0].status, WcStatus::kWrFlushErr);
+}
+
+// Without UseIbTeardown the peer's close flushes the receives at once, as
+// the iWARP verbs say (the QP goes to ERR, WRs flush).
+TEST(EngineOobTest, WithoutIbTeardownThePeersCloseFlushesReceives) {
+  auto a = std::make_unique<Node>();
+  Node b;
+  Buffer dst(kMsg);
+  PostRecv(b, 30, dst, dst.Register(b.memory(), b.pd, AccessFlags::kLocalWrite));
+  Link(*a, b, Transport::kTcp, {});
+  ASSERT_TRUE(a->qp->Disconnect());
+  const std::vector<WorkCompletion> flushed = WaitCompletions(*b.recv_cq, 1);
+  ASSERT_EQ(flushed.size(), 1u);
+  EXPECT_EQ(flushed[0].wr_id, 30u);
+  EXPECT_EQ(flushed[0].status, WcStatus::kWrFlushErr);
+}
+
+}  // namespace
+}  // namespace siwx::engine::testing
