@@ -709,8 +709,7 @@ int rfcntl(int socket, int cmd, ...) {
         case F_GETFD:
           return s.fd_flags;
         case F_SETFD:
-          s.fd_flags = arg & FD_CLOEXEC;
-          (void)fcntl(s.index, F_SETFD, s.fd_flags);
+          s.fd_flags = arg & FD_CLOEXEC;  // recorded; siwx's descriptors stay close-on-exec
           return 0;
         default:
           return Fail(ENOTSUP);
