@@ -704,6 +704,34 @@ TEST_F(Rsocket, WireSeenByAHandWrittenStockPeer) {
   rdma_destroy_event_channel(ch);
 }
 
+// fork(): the child cannot use the parent's rsockets (siwx's verbs objects
+// refuse it), fails cleanly, and the parent's connection is untouched.
+TEST_F(Rsocket, ChildOfForkCannotDisturbTheParentsConnection) {
+  ConnectPair();
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // Child: every call fails or does nothing to the parent's stream.
+    const bool send_failed = rsend(client_, "child", 5, MSG_DONTWAIT) == -1;
+    rclose(client_);
+    rclose(server_);
+    _exit(send_failed ? 0 : 3);
+  }
+  int status = -1;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the child could send on the parent's rsocket";
+  const Bytes data = Pattern(300000, 31);
+  std::thread t([&] { SendAll(client_, data.data(), data.size()); });
+  Bytes got(data.size());
+  ASSERT_TRUE(RecvAll(server_, got.data(), got.size()));
+  t.join();
+  EXPECT_TRUE(got == data);
+  ASSERT_TRUE(SendAll(server_, data.data(), 1000));
+  ASSERT_TRUE(RecvAll(client_, got.data(), 1000));
+  EXPECT_TRUE(std::equal(got.begin(), got.begin() + 1000, data.begin()));
+}
+
 TEST_F(Rsocket, RefusedAndUnsupportedCallsFailCleanly) {
   EXPECT_EQ(rsocket(AF_INET, SOCK_DGRAM, 0), -1);
   EXPECT_EQ(errno, EOPNOTSUPP);
