@@ -6,18 +6,18 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
-#include <thread>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <unordered_map>
 
+#include "common/transport/socket_ops.h"
 #include "common/util/log.h"
 
 // The receive ring and the target SGL and iomap tables are written by the
@@ -94,17 +94,16 @@ void SetNonBlocking(int fd) {
   if (fl >= 0) (void)fcntl(fd, F_SETFL, fl | O_NONBLOCK);
 }
 
+// The descriptor an rsocket's number is also wakes threads asleep on it.
 void SignalWake(Socket& s) {
-  if (s.waiters > 0 && s.index >= 0) {
-    const std::uint64_t one = 1;
-    (void)!write(s.index, &one, sizeof(one));
-  }
+  if (s.waiters > 0 && s.index >= 0) transport::SignalEventFd(s.index);
 }
 
-void DrainWake(int fd) {
-  std::uint64_t v;
-  (void)!read(fd, &v, sizeof(v));
-}
+void DrainWake(int fd) { transport::DrainEventFd(fd); }
+
+// Close-on-exec whatever SOCK_CLOEXEC said (rfcntl reports the flag the
+// application set): an rsocket means nothing after exec.
+int NewIndexFd(int* fd) { return transport::CreateEventFd(true, fd); }
 
 std::uint32_t SendRingFree(const Socket& s) { return s.sbuf_avail; }
 
@@ -464,10 +463,7 @@ void HandleRequest(Socket& l, rdma_cm_id* id, const wire::ConnData& cd, bool cd_
              "(version 1, 40 octets) was rejected", l.index);
     rc = EPROTO;
   }
-  if (rc == 0) {
-    c.index = eventfd(0, EFD_NONBLOCK | ((c.fd_flags & FD_CLOEXEC) ? EFD_CLOEXEC : 0));
-    if (c.index < 0) rc = errno;
-  }
+  if (rc == 0) rc = NewIndexFd(&c.index);
   if (rc == 0) {
     c.channel = rdma_create_event_channel();
     if (c.channel == nullptr) rc = errno;
@@ -745,9 +741,7 @@ int NewSocket(int domain, int type, std::shared_ptr<Socket>* out) {
   s->sq_size = kDefaultQueueSize;
   s->rq_size = kDefaultQueueSize;
   s->inline_size = kDefaultInline;
-  int rc = 0;
-  s->index = eventfd(0, EFD_NONBLOCK | ((type & SOCK_CLOEXEC) ? EFD_CLOEXEC : 0));
-  if (s->index < 0) rc = errno;
+  int rc = NewIndexFd(&s->index);
   if (rc == 0) {
     s->channel = rdma_create_event_channel();
     if (s->channel == nullptr) rc = errno != 0 ? errno : ENOMEM;

@@ -285,7 +285,8 @@ int GetOption(Socket& s, int level, int optname, void* optval, socklen_t* optlen
 // A blocking rpoll sleeps on these descriptors, then maps events back.
 struct PollPlan {
   std::vector<pollfd> fds;
-  std::vector<int> owner;  // index into the caller's array
+  std::vector<int> owner;           // index into the caller's array
+  std::vector<SocketPtr> waiting;   // sockets whose waiters count includes us
 };
 
 int CheckAll(pollfd* fds, nfds_t nfds, std::vector<SocketPtr>& socks) {
@@ -331,6 +332,8 @@ int Poll(pollfd* fds, nfds_t nfds, int timeout) {
         std::lock_guard lock(socks[i]->mu);
         if (socks[i]->closed) continue;
         siwx::rs::ArmForWait(*socks[i]);
+        ++socks[i]->waiters;  // another thread's progress wakes us (SignalWake)
+        plan.waiting.push_back(socks[i]);
         pollfd w[3];
         const int n = siwx::rs::WaitFds(*socks[i], w);
         for (int k = 0; k < n; ++k) {
@@ -342,16 +345,35 @@ int Poll(pollfd* fds, nfds_t nfds, int timeout) {
         plan.owner.push_back(static_cast<int>(i));
       }
     }
+    auto stop_waiting = [&] {
+      for (const SocketPtr& sp : plan.waiting) {
+        std::lock_guard lock(sp->mu);
+        --sp->waiters;
+      }
+      plan.waiting.clear();
+    };
     ready = CheckAll(fds, nfds, socks);
-    if (ready != 0) return ready;
     int sleep_ms = 500;
     if (timeout > 0) {
       const auto spent = std::chrono::duration_cast<std::chrono::milliseconds>(
                              std::chrono::steady_clock::now() - start).count();
-      if (spent >= timeout) return 0;
+      if (spent >= timeout && ready == 0) {
+        stop_waiting();
+        return 0;
+      }
       sleep_ms = static_cast<int>(std::min<long long>(timeout - spent, sleep_ms));
     }
-    if (poll(plan.fds.data(), plan.fds.size(), sleep_ms) < 0 && errno != EINTR) return -1;
+    if (ready != 0) {
+      stop_waiting();
+      return ready;
+    }
+    const int rc = poll(plan.fds.data(), plan.fds.size(), sleep_ms);
+    const int poll_errno = errno;
+    stop_waiting();
+    if (rc < 0 && poll_errno != EINTR) {
+      errno = poll_errno;
+      return -1;
+    }
     for (std::size_t k = 0; k < plan.fds.size(); ++k) {
       const int i = plan.owner[k];
       if (socks[i] == nullptr || plan.fds[k].revents == 0) continue;
@@ -687,8 +709,7 @@ int rfcntl(int socket, int cmd, ...) {
         case F_GETFD:
           return s.fd_flags;
         case F_SETFD:
-          s.fd_flags = arg & FD_CLOEXEC;
-          (void)fcntl(s.index, F_SETFD, s.fd_flags);
+          s.fd_flags = arg & FD_CLOEXEC;  // recorded; siwx's descriptors stay close-on-exec
           return 0;
         default:
           return Fail(ENOTSUP);

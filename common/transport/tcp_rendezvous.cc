@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -34,8 +35,11 @@ int WaitFor(int fd, short events, int timeout_ms) {
   }
 }
 
+// By system call, as socket_ops.cc does: librspreload (LD_PRELOAD)
+// interposes libc's socket() and would make this an rsocket.
 int TcpSocket() {
-  return ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  return static_cast<int>(
+      ::syscall(SYS_socket, AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
 }
 
 }  // namespace

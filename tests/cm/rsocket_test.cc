@@ -515,7 +515,8 @@ TEST_F(Rsocket, ListenerServesMoreClientsThanItsBacklog) {
 // facts (docs/rsockets.md), not with siwx's rsocket code: the connection
 // data, the first SGL advertisement (16 octets into entry 1 of our target
 // SGL, then the 4-octet Send 0x80000000 | 384), a DATA message after its
-// RDMA Write, and the other way: our Write + DATA, then DISCONNECT.
+// RDMA Write, and the other way: our Write + DATA, then DISCONNECT, then a
+// DATA message larger than the ring (refused with EPROTO).
 TEST_F(Rsocket, WireSeenByAHandWrittenStockPeer) {
   using siwx::cm::test::Expect;
   rdma_event_channel* ch = rdma_create_event_channel();
@@ -671,6 +672,25 @@ TEST_F(Rsocket, WireSeenByAHandWrittenStockPeer) {
   ASSERT_EQ(ibv_post_send(id->qp, &d, &bad), 0);
   std::uint8_t b;
   EXPECT_EQ(rrecv(client_, &b, 1, 0), 0);
+
+  // 5. A DATA message for more octets than the ring holds: the rsocket
+  // closes the connection with EPROTO and nothing else happens.
+  const std::uint32_t bogus = 1u << 20;
+  std::memcpy(out.data() + 24, &bogus, 4);
+  ibv_sge bsge{reinterpret_cast<std::uintptr_t>(out.data() + 24), 4, out_mr->lkey};
+  d.sg_list = &bsge;
+  ASSERT_EQ(ibv_post_send(id->qp, &d, &bad), 0);
+  int so_error = 0;
+  EXPECT_TRUE(siwx::cm::test::WaitFor(
+      [&] {
+        socklen_t len = sizeof(so_error);
+        return rgetsockopt(client_, SOL_SOCKET, SO_ERROR, &so_error, &len) == 0 &&
+               so_error == EPROTO;
+      },
+      std::chrono::seconds(10)));
+  EXPECT_EQ(rrecv(client_, &b, 1, 0), 0);
+  EXPECT_EQ(rsend(client_, "x", 1, 0), -1);
+  EXPECT_EQ(errno, ECONNRESET);
   rclose(client_);
   client_ = -1;
 
@@ -682,6 +702,34 @@ TEST_F(Rsocket, WireSeenByAHandWrittenStockPeer) {
   rdma_destroy_id(id);
   rdma_destroy_id(lid);
   rdma_destroy_event_channel(ch);
+}
+
+// fork(): the child cannot use the parent's rsockets (siwx's verbs objects
+// refuse it), fails cleanly, and the parent's connection is untouched.
+TEST_F(Rsocket, ChildOfForkCannotDisturbTheParentsConnection) {
+  ConnectPair();
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // Child: every call fails or does nothing to the parent's stream.
+    const bool send_failed = rsend(client_, "child", 5, MSG_DONTWAIT) == -1;
+    rclose(client_);
+    rclose(server_);
+    _exit(send_failed ? 0 : 3);
+  }
+  int status = -1;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the child could send on the parent's rsocket";
+  const Bytes data = Pattern(300000, 31);
+  std::thread t([&] { SendAll(client_, data.data(), data.size()); });
+  Bytes got(data.size());
+  ASSERT_TRUE(RecvAll(server_, got.data(), got.size()));
+  t.join();
+  EXPECT_TRUE(got == data);
+  ASSERT_TRUE(SendAll(server_, data.data(), 1000));
+  ASSERT_TRUE(RecvAll(client_, got.data(), 1000));
+  EXPECT_TRUE(std::equal(got.begin(), got.begin() + 1000, data.begin()));
 }
 
 TEST_F(Rsocket, RefusedAndUnsupportedCallsFailCleanly) {
