@@ -10,8 +10,7 @@
 // application does nothing) unless an application thread that polls one of
 // the QP's CQs empty takes that turn itself (Qp::DriveFromPoll: a thread
 // spinning in ibv_poll_cq needs no wake-up of this one). It produces Read
-// Responses, continues transmitting when a socket becomes writable (unless
-// a thread polling the send CQ got there first), and
+// Responses, continues transmitting when a socket becomes writable, and
 // runs the commands application threads hand it (attach a stream, finalize
 // a QP after an error or close, detach on destroy, flush receives, take
 // over a transmit turn).

@@ -867,16 +867,15 @@ void Qp::DriveFromPoll(const CompletionQueue& polled) {
       engine_->OnProgressThread() || !ProcessesInbound(state_.state())) {
     return;
   }
-  const bool send_cq = &polled == config_.send_cq;
-  // Send and Write WRs complete once TCP took them: when the transmit side
-  // waits for room in the socket, try again here instead of waiting for
-  // the progress thread to be woken by the socket's writability.
-  if (send_cq && tx_waits_for_room_.load(std::memory_order_acquire)) KickTx();
   // Receive work completes on `polled` only for an inbound Send (receive
   // CQ, a receive posted) or the last Read Response of one of our Reads
-  // (send CQ); otherwise an empty poll costs no recvmsg.
+  // (send CQ); otherwise an empty poll costs no recvmsg. The transmit side
+  // is not retried from here when the socket is full: a sendmsg that finds
+  // no room on every empty poll cost ib_write_bw more than half its
+  // bandwidth (docs/performance-notes.md 3.1).
   const bool receives = &polled == config_.recv_cq && rq_->size() > 0;
-  if (!receives && !(send_cq && ReadsOutstanding())) return;
+  const bool reads = &polled == config_.send_cq && ReadsOutstanding();
+  if (!receives && !reads) return;
   std::unique_lock rx_lock(rx_mutex_, std::try_to_lock);
   if (!rx_lock.owns_lock() || !attached_ || finalized_ || detached_ || !stream_) return;
   tls_rx_driver = this;
@@ -895,7 +894,6 @@ bool Qp::SetWriteInterest(bool want) {
   if (want_write_ != want) {
     if (engine_->poller().Modify(poll_fd_, this, !read_closed_, want) != 0) return false;
     want_write_ = want;
-    tx_waits_for_room_.store(want, std::memory_order_release);
   }
   return true;
 }
@@ -913,7 +911,6 @@ void Qp::StopPolling() {
   engine_->poller().Remove(poll_fd_);
   polled_ = false;
   want_write_ = false;
-  tx_waits_for_room_.store(false, std::memory_order_release);
 }
 
 void Qp::EmitEvent(AsyncEventType type) { engine_->Emit(AsyncEvent{type, qp_num_}); }

@@ -38,7 +38,7 @@
 //    and, when they can take it, the QP's transmit and receive work
 //    (run-to-completion, so a busy-polling application needs no second
 //    runnable thread): PostSend transmits inline, and polling either CQ
-//    empty gives the QP a turn (DriveFromPoll);
+//    empty gives the QP a receive turn (DriveFromPoll);
 //  - the engine's progress thread: the commands below (attach, finalize,
 //    detach, flush), the timers, and the fallback for all of the above: it
 //    blocks in epoll_wait and receives when the socket is readable, and
@@ -262,13 +262,12 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   // the progress thread to be scheduled:
   //  - receive CQ with a receive posted: the receive side reads what the
   //    socket holds (an inbound Send can complete);
-  //  - send CQ with a Read outstanding: the same (its Read Response);
-  //  - send CQ while the transmit side waits for room in the socket: a
-  //    transmit turn (Sends and Writes complete once TCP took them).
-  // Otherwise an empty poll costs no system call. The receive turn only
-  // tries rx_mutex_ and the transmit turn goes through the gate, so nothing
-  // is processed twice; does nothing on the progress thread, inside a
-  // receive turn (callbacks), or outside RTS.
+  //  - send CQ with a Read outstanding: the same (its Read Response).
+  // Otherwise an empty poll costs no system call. The turn only tries
+  // rx_mutex_, so nothing is processed twice; it does nothing on the
+  // progress thread, inside a receive turn (callbacks), or outside RTS.
+  // Transmit needs no turn here: PostSend transmits inline, and a socket
+  // that was full is the progress thread's (EPOLLOUT).
   void DriveFromPoll(const CompletionQueue& polled) override;
 
  private:
@@ -432,9 +431,6 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   bool want_write_ = false;   // guarded by poll_mutex_
   bool read_closed_ = false;  // guarded by poll_mutex_
   int poll_fd_ = -1;          // guarded by poll_mutex_
-  // want_write_, for DriveFromPoll without poll_mutex_: the transmit side
-  // stopped at a full socket and waits for it to drain.
-  std::atomic<bool> tx_waits_for_room_{false};  // written under poll_mutex_
 
   // Owned by the transmit-gate holder. `stream_` is set and reset only on the
   // progress thread while it holds the gate exclusively, so the gate holder

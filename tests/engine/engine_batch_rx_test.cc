@@ -203,6 +203,48 @@ TEST_P(BatchRxTest, SmallAndLargePayloadsMixed) {
   EXPECT_EQ(c.rx_staged_payload + c.rx_direct_payload, at + msg.size());
 }
 
+// Large messages at a large MULPDU: each is one large FPDU and a small last
+// one. Only the first read (the stream starts with framing) goes through
+// the staging buffer; after it, the rest of a large payload and the small
+// FPDU after a large one are read directly, so the next large FPDU is never
+// pulled into the staging buffer and copied (rx.h, Placement).
+TEST(BatchRxLargeTest, LargeFpdusStayPlacedDirectly) {
+  Node node;
+  PrewrittenLink link(node, LinkOptions{});
+  constexpr std::size_t kMessages = 12;
+  constexpr std::size_t kLarge = 60000;
+  constexpr std::size_t kSmall = 36;
+  Buffer target(kMessages * (kLarge + kSmall), 0);
+  const std::uint32_t rkey = target.Register(node.memory(), node.pd, kAllRemote, true);
+  Buffer recv(8, 0);
+  PostRecv(node, 1, recv, recv.Register(node.memory(), node.pd, AccessFlags::kLocalWrite));
+  Bytes wire;
+  Bytes expected(target.size(), 0);
+  std::size_t at = 0;
+  for (std::size_t m = 0; m < kMessages; ++m) {
+    for (const std::size_t size : {kLarge, kSmall}) {
+      const Bytes payload = Pattern(static_cast<std::uint32_t>(2 * m + (size == kSmall)), size);
+      link.peer().FrameTo(WriteHeader(rkey, target.addr() + at, size == kSmall), payload, wire);
+      std::copy(payload.begin(), payload.end(), expected.begin() + static_cast<std::ptrdiff_t>(at));
+      at += size;
+    }
+  }
+  link.peer().FrameTo(SendHeaderOf(1, 0), {}, wire);
+  link.WriteThenBind(wire);
+
+  ASSERT_EQ(WaitCompletions(*node.recv_cq, 1).size(), 1u);
+  EXPECT_TRUE(SameBytes(target.data(), expected.data(), expected.size()));
+  EXPECT_TRUE(target.GuardsIntact());
+  const QpCounters c = node.qp->Counters();
+  EXPECT_EQ(c.rx_staged_payload + c.rx_direct_payload, at);
+  // At most the first staging buffer's worth was copied, plus the few
+  // octets per FPDU that a direct read's staging tail fetches past the next
+  // header (it is sized for the longest header).
+  const std::size_t copied_at_most = QpRx::kStagingSize + 2 * kMessages * 16;
+  EXPECT_LE(c.rx_staged_payload, copied_at_most);
+  EXPECT_GE(c.rx_direct_payload, at - copied_at_most);
+}
+
 INSTANTIATE_TEST_SUITE_P(Framing, BatchRxTest,
                          ::testing::Values(BatchConfig{false, false}, BatchConfig{true, false},
                                            BatchConfig{false, true}, BatchConfig{true, true}),

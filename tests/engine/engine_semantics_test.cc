@@ -110,6 +110,9 @@ TEST_F(SemanticsTest, SolicitedEventNotifiesAnArmedCq) {
   EXPECT_EQ(b_.recv_notifications.load(), 0);  // not solicited
   ASSERT_EQ(a_.qp->PostSend(MakeSend(11, SendOpcode::kSendWithSolicitedEvent, 0)), PostStatus::kOk);
   ASSERT_EQ(WaitCompletions(*b_.recv_cq, 1).size(), 1u);
+  // The notification runs on the pushing thread after the entry became
+  // pollable, so it may come a moment after the poll saw the entry.
+  EXPECT_TRUE(WaitUntil([&] { return b_.recv_notifications.load() == 1; }));
   EXPECT_EQ(b_.recv_notifications.load(), 1);
 }
 
