@@ -432,6 +432,9 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   bool want_write_ = false;   // guarded by poll_mutex_
   bool read_closed_ = false;  // guarded by poll_mutex_
   int poll_fd_ = -1;          // guarded by poll_mutex_
+  // Moves the fd's registration from (!read_closed_, want_write_) to the
+  // given interest; with poll_mutex_ held. Returns an errno.
+  int ApplyPollInterest(bool read, bool write);
   // want_write_, for DriveFromPoll without poll_mutex_: the transmit side
   // stopped at a full socket and waits for it to drain.
   std::atomic<bool> tx_waits_for_room_{false};  // written under poll_mutex_
