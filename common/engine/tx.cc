@@ -47,7 +47,7 @@ void QpTx::Start(const StreamParams& params, std::size_t max_ulpdu) {
   tx_grid_start_ = params.tx_marker_grid_offset % mpa::kMarkerInterval;
   wire_written_ = 0;
   slot_count_ = std::clamp(kBatchOctets / max_ulpdu, kMinSlots, kMaxSlots);
-  slots_ = std::make_unique<Slot[]>(slot_count_);
+  slots_ = std::make_unique<std::unique_ptr<Slot>[]>(slot_count_);
   iov_.assign(kMaxIov, iovec{});
   first_ = 0;
   in_flight_ = 0;
@@ -276,7 +276,9 @@ bool QpTx::StartSqMessage() {
 }
 
 QpTx::Slot& QpTx::NewSlot() {
-  Slot& slot = slots_[(first_ + in_flight_) % slot_count_];
+  std::unique_ptr<Slot>& entry = slots_[(first_ + in_flight_) % slot_count_];
+  if (!entry) entry = std::make_unique<Slot>();
+  Slot& slot = *entry;
   for (std::size_t i = 0; i < slot.source_count; ++i) slot.refs[i].Release();
   slot.sent = 0;
   slot.role = Role::kSqSegment;
@@ -543,7 +545,7 @@ bool QpTx::AcquireRefs(Slot& slot, AccessStatus& failure) {
 void QpTx::ReleaseRefs() {
   if (!slots_) return;
   for (std::size_t k = 0; k < in_flight_; ++k) {
-    Slot& slot = slots_[(first_ + k) % slot_count_];
+    Slot& slot = *slots_[(first_ + k) % slot_count_];
     if (!slot.refs_held) continue;
     for (std::size_t i = 0; i < slot.source_count; ++i) slot.refs[i].Release();
     slot.refs_held = false;
@@ -553,7 +555,7 @@ void QpTx::ReleaseRefs() {
 void QpTx::ResetFramerAtSentPosition() {
   std::uint64_t position = tx_grid_start_ + wire_written_;
   for (std::size_t k = 0; k < in_flight_; ++k) {
-    const Slot& slot = slots_[(first_ + k) % slot_count_];
+    const Slot& slot = *slots_[(first_ + k) % slot_count_];
     position += slot.frame.wire_length() - slot.sent;
   }
   mpa::FpduFramingConfig framing = framer_->config();
@@ -564,7 +566,7 @@ void QpTx::ResetFramerAtSentPosition() {
 bool QpTx::Write(std::size_t& budget) {
   // Re-check every region an unsent octet comes from.
   for (std::size_t k = 0; k < in_flight_; ++k) {
-    Slot& slot = slots_[(first_ + k) % slot_count_];
+    Slot& slot = *slots_[(first_ + k) % slot_count_];
     AccessStatus failure = AccessStatus::kOk;
     if (AcquireRefs(slot, failure)) continue;
     if (slot.sent > 0) {
@@ -576,7 +578,7 @@ bool QpTx::Write(std::size_t& budget) {
     const Role role = slot.role;
     const std::uint64_t seq = slot.seq;
     for (std::size_t j = k; j < in_flight_; ++j) {
-      Slot& dropped = slots_[(first_ + j) % slot_count_];
+      Slot& dropped = *slots_[(first_ + j) % slot_count_];
       for (std::size_t i = 0; i < dropped.source_count; ++i) dropped.refs[i].Release();
       dropped.refs_held = false;
     }
@@ -594,7 +596,7 @@ bool QpTx::Write(std::size_t& budget) {
   std::size_t count = 0;
   std::size_t total = 0;
   for (std::size_t k = 0; k < in_flight_ && count < iov_.size(); ++k) {
-    const Slot& slot = slots_[(first_ + k) % slot_count_];
+    const Slot& slot = *slots_[(first_ + k) % slot_count_];
     std::size_t skip = slot.sent;
     for (const mpa::IoSlice& s : slot.frame.slices()) {
       if (skip >= s.len) {
@@ -658,7 +660,7 @@ bool QpTx::Advance(std::size_t octets) {
   bool sq_done = false;
   std::uint32_t responses_sent = 0;
   while (octets > 0 && in_flight_ > 0) {
-    Slot& slot = slots_[first_];
+    Slot& slot = *slots_[first_];
     const std::size_t remaining = slot.frame.wire_length() - slot.sent;
     const std::size_t take = std::min(remaining, octets);
     slot.sent += take;
