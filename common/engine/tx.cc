@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <span>
 #include <utility>
 
 #include "common/engine/engine.h"
@@ -21,6 +22,14 @@ constexpr std::size_t kMaxIov = 1024;
 constexpr std::size_t kBatchOctets = std::size_t{2} << 20;
 constexpr std::size_t kMinSlots = 16;
 constexpr std::size_t kMaxSlots = 64;
+
+// The scatter list of one sendmsg. Write fills it and hands it to the kernel
+// before any callback can run, so one per thread serves every QP (16 KiB
+// per thread instead of per QP).
+std::span<iovec> ThreadIov() {
+  thread_local std::vector<iovec> iov(kMaxIov);
+  return iov;
+}
 
 rdmap::Opcode SendOpcodeOnWire(const SendWorkRequest& wr) {
   const bool se = wr.solicited_event();
@@ -48,7 +57,6 @@ void QpTx::Start(const StreamParams& params, std::size_t max_ulpdu) {
   wire_written_ = 0;
   slot_count_ = std::clamp(kBatchOctets / max_ulpdu, kMinSlots, kMaxSlots);
   slots_ = std::make_unique<std::unique_ptr<Slot>[]>(slot_count_);
-  iov_.assign(kMaxIov, iovec{});
   first_ = 0;
   in_flight_ = 0;
   cur_ = Message{};
@@ -593,9 +601,10 @@ bool QpTx::Write(std::size_t& budget) {
     return true;  // frame the Terminate next
   }
 
+  const std::span<iovec> iov = ThreadIov();
   std::size_t count = 0;
   std::size_t total = 0;
-  for (std::size_t k = 0; k < in_flight_ && count < iov_.size(); ++k) {
+  for (std::size_t k = 0; k < in_flight_ && count < iov.size(); ++k) {
     const Slot& slot = *slots_[(first_ + k) % slot_count_];
     std::size_t skip = slot.sent;
     for (const mpa::IoSlice& s : slot.frame.slices()) {
@@ -603,11 +612,11 @@ bool QpTx::Write(std::size_t& budget) {
         skip -= s.len;
         continue;
       }
-      iov_[count].iov_base = const_cast<std::uint8_t*>(s.base + skip);
-      iov_[count].iov_len = s.len - skip;
+      iov[count].iov_base = const_cast<std::uint8_t*>(s.base + skip);
+      iov[count].iov_len = s.len - skip;
       total += s.len - skip;
       skip = 0;
-      if (++count == iov_.size()) break;
+      if (++count == iov.size()) break;
     }
   }
   // From before sendmsg until its octets are accounted, the receive side
@@ -615,7 +624,7 @@ bool QpTx::Write(std::size_t& budget) {
   // WaitForSendAccounting): a response may be on its way already.
   qp_.send_accounting_.store(true, std::memory_order_seq_cst);
   const transport::IoResult result =
-      qp_.stream_->WriteV(std::span<const iovec>(iov_.data(), count));
+      qp_.stream_->WriteV(std::span<const iovec>(iov.data(), count));
   bool sq_done = false;
   if (result.status == transport::IoStatus::kOk) sq_done = Advance(result.bytes);
   qp_.send_accounting_.store(false, std::memory_order_release);

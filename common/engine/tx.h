@@ -212,7 +212,6 @@ class QpTx {
   std::size_t slot_count_ = 0;
   std::size_t first_ = 0;   // oldest in-flight slot
   std::size_t in_flight_ = 0;
-  std::vector<iovec> iov_;
 
   Message cur_;
   std::uint64_t tx_seq_ = 0;          // next SQ entry to start
