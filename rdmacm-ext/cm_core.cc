@@ -724,7 +724,7 @@ bool Core::IsHalfOpen(const CmId* id) {
   return id->hidden && id->listener != nullptr && id->state == IdState::kMpaStartup;
 }
 
-void Core::MakeRoomForHalfOpen(const net::SockAddr& peer) {
+std::optional<TimePoint> Core::MakeRoomForHalfOpen(const net::SockAddr& peer, TimePoint now) {
   const CmConfig& config = GetCmConfig();
   for (;;) {
     std::size_t total = 0;
@@ -756,7 +756,7 @@ void Core::MakeRoomForHalfOpen(const net::SockAddr& peer) {
       victim = oldest;
       bound = "SIWX_CM_HALF_OPEN_MAX";
     }
-    if (!victim) return;
+    if (!victim) return std::nullopt;
     // Its Request may have arrived since the last look (a burst of accepts
     // runs before the next poll): read it first, and count again if that
     // settled the connection either way.
@@ -764,13 +764,32 @@ void Core::MakeRoomForHalfOpen(const net::SockAddr& peer) {
     const auto it = by_handle_.find(*victim);
     if (it == by_handle_.end() || !IsHalfOpen(it->second)) continue;
     CmId* id = it->second;
+    const TimePoint ripe = id->accepted_at + kHalfOpenGrace;
+    if (ripe > now) {
+      // Most likely an honest Request still on its way: keep it, and the
+      // new one, and accept no more until then (see cm_core.h).
+      SIWX_LOG(kDebug, "CEP[%llu] over %s with the oldest half-open connection %lld ms old: "
+                       "pausing accept",
+               static_cast<unsigned long long>(id->handle), bound,
+               static_cast<long long>(
+                   std::chrono::duration_cast<std::chrono::milliseconds>(now - id->accepted_at)
+                       .count()));
+      return ripe;
+    }
     SIWX_LOG(kInfo,
              "CEP[%llu] dropped: no MPA Request yet, and a new connection from %s is over %s",
              static_cast<unsigned long long>(id->handle), peer.ToString().c_str(), bound);
     CloseSocket(id, true);
     DestroyLocked(id);
-    return;
+    return std::nullopt;
   }
+}
+
+void Core::ResumeAfterHalfOpenPause(CmId* listener) {
+  if (!listener->listen.half_open_pause) return;
+  listener->listen.half_open_pause = false;
+  listener->listen.accept_retry_at.reset();
+  UpdateInterest(listener);
 }
 
 void Core::BackOffAccepting(CmId* listener, int error) {
@@ -778,6 +797,7 @@ void Core::BackOffAccepting(CmId* listener, int error) {
   listener->listen.accept_backoff =
       first ? kAcceptBackoffMin : std::min(listener->listen.accept_backoff * 2, kAcceptBackoffMax);
   listener->listen.accept_retry_at = Clock::now() + listener->listen.accept_backoff;
+  listener->listen.half_open_pause = false;
   if (first) {
     SIWX_LOG(kWarn, "CEP[%llu] cannot accept connections: %s; retrying every %lld ms at most "
                     "while it lasts (raise the descriptor limit, ulimit -n)",
@@ -828,9 +848,15 @@ void Core::AcceptPending(CmId* listener) {
         child->pub.port_num = d.context != nullptr ? 1 : 0;
       }
     }
+    child->accepted_at = Clock::now();  // not `now`: a burst of accepts takes a while
+    std::optional<TimePoint> pause_until;
     if (net::PeerAddress(fd, &peer) == 0) {
       std::memcpy(&child->pub.route.addr.dst_storage, &peer.storage, sizeof(peer.storage));
-      MakeRoomForHalfOpen(peer);
+      pause_until = MakeRoomForHalfOpen(peer, child->accepted_at);
+    }
+    if (pause_until) {
+      listener->listen.accept_retry_at = *pause_until;
+      listener->listen.half_open_pause = true;
     }
     child->mpa.negotiator = std::make_unique<mpa::MpaNegotiator>(
         MakeNegotiatorConfig(child->options, mpa::MpaRole::kResponder, 0, 0));
@@ -871,6 +897,7 @@ void Core::OnTimers(TimePoint now) {
     CmId* id = it->second;
     if (id->listen.accept_retry_at && *id->listen.accept_retry_at <= now) {
       id->listen.accept_retry_at.reset();
+      id->listen.half_open_pause = false;
       if (id->state == IdState::kListening) AcceptPending(id);
     } else if (id->mpa.flush_deadline && *id->mpa.flush_deadline <= now) {
       id->mpa.flush_deadline.reset();

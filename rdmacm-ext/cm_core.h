@@ -63,6 +63,13 @@
 // at a bound the oldest one of that address (or of all) is dropped for the
 // new one, so a port scan or a silent or trickling peer cannot keep honest
 // peers out, whose Request arrives with or right after the TCP handshake.
+// Only one older than kHalfOpenGrace is dropped: a burst of honest connects
+// from one host (cmtime, MPI start-up) outruns the peer's own CM thread, so
+// young half-open connections are mostly Requests still on their way. While
+// the oldest is younger, the new one is kept (the bound is exceeded by one)
+// and the listener stops accepting until a Request arrives or the oldest
+// reaches the grace age; meanwhile the kernel queue holds the rest, whose
+// Requests are then read at once.
 // Each lives at most SIWX_MPA_TIMEOUT_MS from its accept (the negotiator's
 // deadline is not renewed by partial frames). When accept4 fails for want
 // of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM), the listener
@@ -179,7 +186,11 @@ struct CmId {
     // accept4 ran out of descriptors or memory; poll again then.
     std::optional<TimePoint> accept_retry_at;
     std::chrono::milliseconds accept_backoff{0};
+    // accept_retry_at is a pause for a young half-open connection (not a
+    // descriptor shortage): a Request that arrives ends it early.
+    bool half_open_pause = false;
   } listen;
+  TimePoint accepted_at{};    // child of a listener: when accept4 returned it
   CmId* listener = nullptr;   // child of a listener, until rdma_accept/rdma_reject
   bool backlog_slot = false;  // child: counted in listener->pending
 
@@ -241,6 +252,8 @@ class Core {
   // this long before it tries again, doubling up to the maximum.
   static constexpr std::chrono::milliseconds kAcceptBackoffMin{10};
   static constexpr std::chrono::milliseconds kAcceptBackoffMax{500};
+  // The youngest half-open connection a bound may drop (see above).
+  static constexpr std::chrono::milliseconds kHalfOpenGrace{200};
 
   // All return 0 or a positive errno value.
   int CreateChannel(rdma_event_channel** out);
@@ -331,8 +344,11 @@ class Core {
   // A child accepted but whose MPA Request is not complete yet.
   static bool IsHalfOpen(const CmId* id);
   // Drops the oldest half-open connection from `peer`'s address, or of all,
-  // when a new one from `peer` would exceed a bound.
-  void MakeRoomForHalfOpen(const net::SockAddr& peer);
+  // when a new one from `peer` would exceed a bound. Returns when the
+  // listener may accept the next one: now (nullopt), or later, when the one
+  // to drop was younger than kHalfOpenGrace and was kept.
+  std::optional<TimePoint> MakeRoomForHalfOpen(const net::SockAddr& peer, TimePoint now);
+  void ResumeAfterHalfOpenPause(CmId* listener);
   void FailFlushing(CmId* id, int error, const char* why);
   void StartInitiatorMpa(CmId* id);
   void FailConnect(CmId* id, int error);

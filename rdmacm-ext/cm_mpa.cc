@@ -179,6 +179,8 @@ void Core::OnRequestReceived(CmId* id) {
   // backlog slot until rdma_accept or rdma_reject.
   id->backlog_slot = true;
   ++listener->listen.pending;
+  // One half-open connection fewer: a pause for it is over.
+  ResumeAfterHalfOpenPause(listener);
   UpdateInterest(listener);
   if (listener->sync) {
     int err = 0;

@@ -888,11 +888,23 @@ bool Qp::ReadsOutstanding() const {
   return orq_ && !orq_->empty();
 }
 
+// An fd stays in the poller only while it has interest: a socket closed in
+// both directions reports EPOLLHUP even with an empty mask, which would wake
+// the progress thread in a loop until the QP is destroyed.
+int Qp::ApplyPollInterest(bool read, bool write) {
+  const bool was_in = !read_closed_ || want_write_;
+  const bool now_in = read || write;
+  if (was_in && now_in) return engine_->poller().Modify(poll_fd_, this, read, write);
+  if (now_in) return engine_->poller().Add(poll_fd_, this, read, write);
+  if (was_in) return engine_->poller().Remove(poll_fd_);
+  return 0;
+}
+
 bool Qp::SetWriteInterest(bool want) {
   std::lock_guard lock(poll_mutex_);
   if (!polled_) return false;
   if (want_write_ != want) {
-    if (engine_->poller().Modify(poll_fd_, this, !read_closed_, want) != 0) return false;
+    if (ApplyPollInterest(!read_closed_, want) != 0) return false;
     want_write_ = want;
   }
   return true;
@@ -901,14 +913,14 @@ bool Qp::SetWriteInterest(bool want) {
 void Qp::StopReading() {
   std::lock_guard lock(poll_mutex_);
   if (!polled_ || read_closed_) return;
+  ApplyPollInterest(false, want_write_);
   read_closed_ = true;
-  engine_->poller().Modify(poll_fd_, this, false, want_write_);
 }
 
 void Qp::StopPolling() {
   std::lock_guard lock(poll_mutex_);
   if (!polled_) return;
-  engine_->poller().Remove(poll_fd_);
+  ApplyPollInterest(false, false);
   polled_ = false;
   want_write_ = false;
 }

@@ -431,6 +431,9 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   bool want_write_ = false;   // guarded by poll_mutex_
   bool read_closed_ = false;  // guarded by poll_mutex_
   int poll_fd_ = -1;          // guarded by poll_mutex_
+  // Moves the fd's registration from (!read_closed_, want_write_) to the
+  // given interest; with poll_mutex_ held. Returns an errno.
+  int ApplyPollInterest(bool read, bool write);
 
   // Owned by the transmit-gate holder. `stream_` is set and reset only on the
   // progress thread while it holds the gate exclusively, so the gate holder

@@ -20,6 +20,32 @@ bool IsSendOpcode(rdmap::Opcode op) {
          op == rdmap::Opcode::kSendWithSe || op == rdmap::Opcode::kSendWithSeAndInvalidate;
 }
 
+// One staging buffer per thread that runs receive turns (the progress
+// thread, and application threads polling a CQ): kStagingSize per thread
+// instead of per QP. A turn nested in another on the same thread (not
+// expected: DriveFromPoll refuses nesting) gets a buffer of its own.
+thread_local std::vector<std::uint8_t> tls_staging;
+thread_local bool tls_staging_busy = false;
+
+class StagingLease {
+ public:
+  StagingLease() : nested_(tls_staging_busy) {
+    std::vector<std::uint8_t>& buffer = nested_ ? own_ : tls_staging;
+    if (buffer.size() != QpRx::kStagingSize) buffer.resize(QpRx::kStagingSize);
+    tls_staging_busy = true;
+  }
+  ~StagingLease() {
+    if (!nested_) tls_staging_busy = false;
+  }
+  StagingLease(const StagingLease&) = delete;
+  StagingLease& operator=(const StagingLease&) = delete;
+  MutableByteSpan span() { return nested_ ? MutableByteSpan(own_) : MutableByteSpan(tls_staging); }
+
+ private:
+  bool nested_;
+  std::vector<std::uint8_t> own_;
+};
+
 }  // namespace
 
 rdmap::TerminateCause TaggedPlacementCause(AccessStatus status) {
@@ -73,7 +99,7 @@ void QpRx::Start(const StreamParams& params) {
   config.marker_grid_offset = params.rx_marker_grid_offset;
   config.header_sizer = &rdmap::UlpduHeaderLength;
   parser_.emplace(config);
-  staging_.assign(kStagingSize, 0);
+  staging_ = {};
   staged_begin_ = 0;
   staged_end_ = 0;
   segment_ = Segment::kNone;
@@ -123,6 +149,17 @@ void QpRx::AbandonMessage(WcStatus status) {
 
 void QpRx::OnReadable(transport::TcpStream& stream) {
   if (!started_ || eof_) return;
+  StagingLease lease;
+  staging_ = lease.span();
+  // Octets a previous turn left staged were in another buffer; only an
+  // error leaves any, and the turn after an error reads nothing of them.
+  staged_begin_ = 0;
+  staged_end_ = 0;
+  OnReadableTurn(stream);
+  staging_ = {};
+}
+
+void QpRx::OnReadableTurn(transport::TcpStream& stream) {
   if (stopped_ || !ProcessesInbound(qp_.state_.state())) {
     stopped_ = true;
     Drain(stream);

@@ -105,6 +105,8 @@ class QpRx {
   // The socket is readable or hung up: processes what arrived, within a
   // budget (the poller is level-triggered and reports the rest).
   void OnReadable(transport::TcpStream& stream);
+  // OnReadable with the thread's staging buffer bound.
+  void OnReadableTurn(transport::TcpStream& stream);
   // Completes the receive WR of the message in progress (if any) with
   // `status`; the stream is over.
   void AbandonMessage(WcStatus status);
@@ -189,7 +191,10 @@ class QpRx {
   bool socket_drained_ = false;  // the last read returned less than it asked for
   StreamParams params_;
   std::optional<mpa::FpduParser> parser_;
-  std::vector<std::uint8_t> staging_;
+  // The staging buffer of the current receive turn: the receiving thread's
+  // own (StagingLease in rx.cc), bound for the turn only. A turn consumes
+  // (or, after an error, drops) all it read, so an idle QP holds none.
+  MutableByteSpan staging_;
   std::size_t staged_begin_ = 0;
   std::size_t staged_end_ = 0;
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <span>
 #include <utility>
 
 #include "common/engine/engine.h"
@@ -21,6 +22,14 @@ constexpr std::size_t kMaxIov = 1024;
 constexpr std::size_t kBatchOctets = std::size_t{2} << 20;
 constexpr std::size_t kMinSlots = 16;
 constexpr std::size_t kMaxSlots = 64;
+
+// The scatter list of one sendmsg. Write fills it and hands it to the kernel
+// before any callback can run, so one per thread serves every QP (16 KiB
+// per thread instead of per QP).
+std::span<iovec> ThreadIov() {
+  thread_local std::vector<iovec> iov(kMaxIov);
+  return iov;
+}
 
 rdmap::Opcode SendOpcodeOnWire(const SendWorkRequest& wr) {
   const bool se = wr.solicited_event();
@@ -47,8 +56,7 @@ void QpTx::Start(const StreamParams& params, std::size_t max_ulpdu) {
   tx_grid_start_ = params.tx_marker_grid_offset % mpa::kMarkerInterval;
   wire_written_ = 0;
   slot_count_ = std::clamp(kBatchOctets / max_ulpdu, kMinSlots, kMaxSlots);
-  slots_ = std::make_unique<Slot[]>(slot_count_);
-  iov_.assign(kMaxIov, iovec{});
+  slots_ = std::make_unique<std::unique_ptr<Slot>[]>(slot_count_);
   first_ = 0;
   in_flight_ = 0;
   cur_ = Message{};
@@ -276,7 +284,9 @@ bool QpTx::StartSqMessage() {
 }
 
 QpTx::Slot& QpTx::NewSlot() {
-  Slot& slot = slots_[(first_ + in_flight_) % slot_count_];
+  std::unique_ptr<Slot>& entry = slots_[(first_ + in_flight_) % slot_count_];
+  if (!entry) entry = std::make_unique<Slot>();
+  Slot& slot = *entry;
   for (std::size_t i = 0; i < slot.source_count; ++i) slot.refs[i].Release();
   slot.sent = 0;
   slot.role = Role::kSqSegment;
@@ -543,7 +553,7 @@ bool QpTx::AcquireRefs(Slot& slot, AccessStatus& failure) {
 void QpTx::ReleaseRefs() {
   if (!slots_) return;
   for (std::size_t k = 0; k < in_flight_; ++k) {
-    Slot& slot = slots_[(first_ + k) % slot_count_];
+    Slot& slot = *slots_[(first_ + k) % slot_count_];
     if (!slot.refs_held) continue;
     for (std::size_t i = 0; i < slot.source_count; ++i) slot.refs[i].Release();
     slot.refs_held = false;
@@ -553,7 +563,7 @@ void QpTx::ReleaseRefs() {
 void QpTx::ResetFramerAtSentPosition() {
   std::uint64_t position = tx_grid_start_ + wire_written_;
   for (std::size_t k = 0; k < in_flight_; ++k) {
-    const Slot& slot = slots_[(first_ + k) % slot_count_];
+    const Slot& slot = *slots_[(first_ + k) % slot_count_];
     position += slot.frame.wire_length() - slot.sent;
   }
   mpa::FpduFramingConfig framing = framer_->config();
@@ -564,7 +574,7 @@ void QpTx::ResetFramerAtSentPosition() {
 bool QpTx::Write(std::size_t& budget) {
   // Re-check every region an unsent octet comes from.
   for (std::size_t k = 0; k < in_flight_; ++k) {
-    Slot& slot = slots_[(first_ + k) % slot_count_];
+    Slot& slot = *slots_[(first_ + k) % slot_count_];
     AccessStatus failure = AccessStatus::kOk;
     if (AcquireRefs(slot, failure)) continue;
     if (slot.sent > 0) {
@@ -576,7 +586,7 @@ bool QpTx::Write(std::size_t& budget) {
     const Role role = slot.role;
     const std::uint64_t seq = slot.seq;
     for (std::size_t j = k; j < in_flight_; ++j) {
-      Slot& dropped = slots_[(first_ + j) % slot_count_];
+      Slot& dropped = *slots_[(first_ + j) % slot_count_];
       for (std::size_t i = 0; i < dropped.source_count; ++i) dropped.refs[i].Release();
       dropped.refs_held = false;
     }
@@ -591,21 +601,22 @@ bool QpTx::Write(std::size_t& budget) {
     return true;  // frame the Terminate next
   }
 
+  const std::span<iovec> iov = ThreadIov();
   std::size_t count = 0;
   std::size_t total = 0;
-  for (std::size_t k = 0; k < in_flight_ && count < iov_.size(); ++k) {
-    const Slot& slot = slots_[(first_ + k) % slot_count_];
+  for (std::size_t k = 0; k < in_flight_ && count < iov.size(); ++k) {
+    const Slot& slot = *slots_[(first_ + k) % slot_count_];
     std::size_t skip = slot.sent;
     for (const mpa::IoSlice& s : slot.frame.slices()) {
       if (skip >= s.len) {
         skip -= s.len;
         continue;
       }
-      iov_[count].iov_base = const_cast<std::uint8_t*>(s.base + skip);
-      iov_[count].iov_len = s.len - skip;
+      iov[count].iov_base = const_cast<std::uint8_t*>(s.base + skip);
+      iov[count].iov_len = s.len - skip;
       total += s.len - skip;
       skip = 0;
-      if (++count == iov_.size()) break;
+      if (++count == iov.size()) break;
     }
   }
   // From before sendmsg until its octets are accounted, the receive side
@@ -613,7 +624,7 @@ bool QpTx::Write(std::size_t& budget) {
   // WaitForSendAccounting): a response may be on its way already.
   qp_.send_accounting_.store(true, std::memory_order_seq_cst);
   const transport::IoResult result =
-      qp_.stream_->WriteV(std::span<const iovec>(iov_.data(), count));
+      qp_.stream_->WriteV(std::span<const iovec>(iov.data(), count));
   bool sq_done = false;
   if (result.status == transport::IoStatus::kOk) sq_done = Advance(result.bytes);
   qp_.send_accounting_.store(false, std::memory_order_release);
@@ -658,7 +669,7 @@ bool QpTx::Advance(std::size_t octets) {
   bool sq_done = false;
   std::uint32_t responses_sent = 0;
   while (octets > 0 && in_flight_ > 0) {
-    Slot& slot = slots_[first_];
+    Slot& slot = *slots_[first_];
     const std::size_t remaining = slot.frame.wire_length() - slot.sent;
     const std::size_t take = std::min(remaining, octets);
     slot.sent += take;

@@ -206,11 +206,12 @@ class QpTx {
   std::uint32_t tx_grid_start_ = 0;   // grid offset at Start
   std::uint64_t wire_written_ = 0;    // octets written since Start
 
-  std::unique_ptr<Slot[]> slots_;
+  // Allocated on first use (NewSlot): a Slot is about 6 KiB (FpduFrame),
+  // and an idle QP that only ever sent its RTR needs one, not slot_count_.
+  std::unique_ptr<std::unique_ptr<Slot>[]> slots_;
   std::size_t slot_count_ = 0;
   std::size_t first_ = 0;   // oldest in-flight slot
   std::size_t in_flight_ = 0;
-  std::vector<iovec> iov_;
 
   Message cur_;
   std::uint64_t tx_seq_ = 0;          // next SQ entry to start

@@ -140,6 +140,30 @@ TEST_F(HostileListener, SilentPeersDoNotKeepAnHonestOneOut) {
   EXPECT_GE(closed, 40 - 32);
 }
 
+// A burst of honest connects from one host outruns its own Requests: here
+// 40 TCP connections from 127.0.0.1 (over the per-address bound of 32) are
+// all made before any Request is sent. The bound used to drop the oldest
+// connections the moment the 33rd was accepted (cmtime -c 100 on a loaded
+// machine: REJECTED, ECONNRESET); young half-open connections are kept now
+// and the listener waits instead (cm_core.h, kHalfOpenGrace, 200 ms). The
+// Requests go out 20 ms after the connects, so that the listener has
+// accepted the connections first (otherwise it finds every Request already
+// there and nothing is tested); this fails spuriously only if this thread
+// wakes from that sleep 180 ms late.
+TEST_F(HostileListener, BurstOverThePerAddressBoundIsServed) {
+  listener_.Start(64);
+  constexpr int kBurst = 40;
+  std::vector<Fd> peers;
+  for (int i = 0; i < kBurst; ++i) peers.push_back(RawConnect(listener_.port));
+  std::this_thread::sleep_for(20ms);
+  for (Fd& p : peers) WriteAll(p, SiwRequest());
+  for (int i = 0; i < kBurst; ++i) {
+    rdma_cm_id* id = ExpectRequest();
+    ASSERT_NE(id, nullptr) << "CONNECT_REQUEST " << i << " of " << kBurst << " missing";
+  }
+  for (Fd& p : peers) EXPECT_FALSE(WaitClosed(p, 1ms)) << "an honest connection was dropped";
+}
+
 // RFC 5044 7.1.2 rule 8 bounds the wait for the Request; a peer that sends
 // it one octet at a time must not renew that bound with every octet.
 TEST_F(HostileListener, TricklingRequestTimesOutFromTheAccept) {
