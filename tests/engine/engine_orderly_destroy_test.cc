@@ -17,7 +17,9 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 
+#include <cerrno>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/engine_test_util.h"
@@ -150,6 +152,88 @@ TEST_P(OrderlyDestroyTest, SlowPeerGetsEverythingTcpHeld) {
       << rdmap::DescribeTerminateCause(*a.local_error);
   EXPECT_FALSE(a.terminate_received.has_value());
   EXPECT_FALSE(a.terminate_sent.has_value());
+}
+
+// Where the FPDUs in `wire` (CRC on, no markers) end: the walk stops at the
+// first one that is not whole.
+std::size_t WholeFpduOctets(const std::vector<std::uint8_t>& wire) {
+  std::size_t at = 0;
+  while (at + 2 <= wire.size()) {
+    const std::size_t ulpdu = (std::size_t{wire[at]} << 8) | wire[at + 1];
+    // RFC 5044 4.1: length field, ULPDU, pad to a multiple of 4, CRC.
+    const std::size_t fpdu = ((2 + ulpdu + 3) & ~std::size_t{3}) + 4;
+    if (at + fpdu > wire.size()) break;
+    at += fpdu;
+  }
+  return at;
+}
+
+// Destroy while a large Write is still being written, right after the
+// disconnect: the WRs not yet sent may be dropped, but the stream must
+// never end with a FIN inside an FPDU (RFC 5044 4: the peer would take the
+// cut FPDU's octets for the next one's header). Either every FPDU that
+// reached the peer is whole and then FIN comes, or the stream is reset.
+// Repeated: when destroy finds room in the socket it finishes a started
+// FPDU and closes gracefully, when not it resets.
+TEST(OrderlyDestroyMidMessage, FinNeverCutsAnFpdu) {
+  Watchdog watchdog(std::chrono::seconds(120), "OrderlyDestroyMidMessage");
+  constexpr int kRounds = 12;
+  constexpr std::size_t kWriteSize = std::size_t{2} << 20;
+  int fins = 0;
+  int resets = 0;
+  int cut_messages = 0;  // the peer got part of the Write only
+  for (int round = 0; round < kRounds; ++round) {
+    Node sender;
+    const std::array<int, 2> fds = Connect(Transport::kTcp);
+    // Small buffers and a reader that pauses: the socket is full at times,
+    // so destroy may find an FPDU partly written and no room for its rest.
+    SetAndGetBuffer(fds[0], SO_SNDBUF, 64 << 10);
+    SetAndGetBuffer(fds[1], SO_RCVBUF, 64 << 10);
+    sender.Bind(fds[0], ParamsFor(LinkOptions{.crc = true}));
+    std::vector<std::uint8_t> wire;
+    int end = -1;  // 0 FIN, else the errno
+    std::thread reader([&] {
+      std::vector<std::uint8_t> buf(16 << 10);
+      for (;;) {
+        std::this_thread::sleep_for(std::chrono::microseconds(50 * (round % 4)));
+        const ssize_t n = recv(fds[1], buf.data(), buf.size(), 0);
+        if (n == 0) {
+          end = 0;
+          break;
+        }
+        if (n < 0) {
+          if (errno == EINTR) continue;
+          end = errno;
+          break;
+        }
+        wire.insert(wire.end(), buf.begin(), buf.begin() + n);
+      }
+    });
+    Buffer source(kWriteSize);
+    source.Fill(static_cast<std::uint32_t>(round));
+    source.Register(sender.memory(), sender.pd, kAllRemote);
+    SendWorkRequest write = MakeSend(1, SendOpcode::kRdmaWrite);
+    write.rkey = 0x1234'5600;
+    AddSge(write, source.addr(), static_cast<std::uint32_t>(kWriteSize), source.stag());
+    ASSERT_EQ(sender.qp->PostSend(write), PostStatus::kOk);
+    // Part of it is out; with the reader keeping up, likely not all.
+    ASSERT_TRUE(WaitUntil([&] { return sender.qp->Counters().tx_octets > 100'000; }));
+    ASSERT_TRUE(sender.qp->Disconnect());
+    sender.qp->Destroy();
+    reader.join();
+    close(fds[1]);
+    ASSERT_TRUE(end == 0 || end == ECONNRESET) << "round " << round << ": " << end;
+    if (wire.size() < kWriteSize) ++cut_messages;
+    if (end == 0) {
+      ++fins;
+      EXPECT_EQ(WholeFpduOctets(wire), wire.size())
+          << "round " << round << ": FIN after " << wire.size() << " octets, inside an FPDU";
+    } else {
+      ++resets;
+    }
+  }
+  std::printf("orderly destroy mid-message: %d FIN, %d RST, %d Writes cut, in %d rounds\n",
+              fins, resets, cut_messages, kRounds);
 }
 
 INSTANTIATE_TEST_SUITE_P(Traffic, OrderlyDestroyTest,
