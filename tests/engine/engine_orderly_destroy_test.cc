@@ -4,9 +4,9 @@
 // TCP already holds: the messages whose completions the application saw
 // are still in the sender's socket buffer when it destroys the QP, and a
 // slow receiver must get every octet, complete the messages and see an
-// orderly end (FIN, not RST). RFC 5040 6 and 5044 8: a graceful close of
-// the LLP stream delivers what was sent; only an abortive one (the
-// destroy of a QP still connected, kept as before) may lose it.
+// orderly end (FIN, not RST). TCP delivers what was sent before a FIN;
+// only an abortive close (RST: the destroy of a QP still connected, an
+// abortive close by the iWARP verbs rule, kept as before) may lose it.
 //
 // The receiver's progress is held by binding its end of the connection
 // to its QP only after the sender destroyed its own: until then nothing
@@ -170,8 +170,8 @@ std::size_t WholeFpduOctets(const std::vector<std::uint8_t>& wire) {
 
 // Destroy while a large Write is still being written, right after the
 // disconnect: the WRs not yet sent may be dropped, but the stream must
-// never end with a FIN inside an FPDU (RFC 5044 4: the peer would take the
-// cut FPDU's octets for the next one's header). Either every FPDU that
+// never end with a FIN inside an FPDU (RFC 5044 4.1 framing: the peer
+// would find a truncated FPDU, not a clean end). Either every FPDU that
 // reached the peer is whole and then FIN comes, or the stream is reset.
 // Repeated: when destroy finds room in the socket it finishes a started
 // FPDU and closes gracefully, when not it resets.
