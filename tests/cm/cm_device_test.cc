@@ -656,7 +656,8 @@ TEST_F(CmDevice, DestroyRightAfterDisconnectLosesNothingTcpHeld) {
 
   constexpr std::size_t kSize = 1 << 20;
   std::vector<std::uint8_t> out(kSize, 0x5A);
-  ibv_mr* out_mr = ibv_reg_mr(req.id->pd, out.data(), out.size(), IBV_ACCESS_LOCAL_WRITE);
+  const int access = IBV_ACCESS_LOCAL_WRITE;  // an int: ibv_reg_mr's macro ORs it
+  ibv_mr* out_mr = ibv_reg_mr(req.id->pd, out.data(), out.size(), access);
   ASSERT_NE(out_mr, nullptr);
   ibv_sge sge{reinterpret_cast<std::uintptr_t>(out.data()), kSize, out_mr->lkey};
   ibv_send_wr swr{};
