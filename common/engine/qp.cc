@@ -762,17 +762,23 @@ void Qp::Detach() {
   {
     std::lock_guard rx_lock(rx_mutex_);
     LockTxExclusive();
+    // The stream ends in order when our FIN is already out after everything
+    // owed, or when an orderly close was asked for (Disconnect, the peer's
+    // FIN, out-of-band teardown) and has not finished yet: then what TCP
+    // holds still reaches the peer. WRs not yet started are dropped (a
+    // destroy discards them), but an FPDU partly on the wire is finished or,
+    // if the socket has no room for its rest now, the stream is reset: a
+    // FIN must never cut one. A connected QP without any of these is
+    // destroyed abortively (RST), the iWARP verbs rule.
+    const bool orderly =
+        stream_ && (tx_.fin_sent() ||
+                    (!finalized_ && (ib_teardown_.load() || state_.state() == QpState::kClosing)));
+    const bool graceful = orderly && tx_.FinishStartedFpdu();
     tx_.Stop();
     if (stream_) {
       StopPolling();
-      if (ib_teardown_.load() && !finalized_) {
-        // FIN after what TCP still holds; reading what the peer sent first
-        // keeps the close from turning into a RST.
-        stream_->ShutdownWrite();
-        std::array<std::uint8_t, 4096> sink;
-        for (int i = 0; i < 256; ++i) {
-          if (stream_->Read(sink).status != transport::IoStatus::kOk) break;
-        }
+      if (graceful) {
+        CloseStreamInOrder();
       } else {
         stream_->Abort();
       }
@@ -791,6 +797,18 @@ void Qp::Detach() {
   }
   std::lock_guard lock(queue_mutex_);
   pending_stream_.reset();
+}
+
+void Qp::CloseStreamInOrder() {
+  // FIN after what TCP still holds (unless it is out already); the kernel
+  // keeps sending after close. Unread input would turn the close into an
+  // RST, so what the peer sent is read and dropped first, bounded so that
+  // a peer that keeps sending cannot hold the destroy (it gets the RST).
+  if (!tx_.fin_sent()) stream_->ShutdownWrite();
+  std::array<std::uint8_t, 4096> sink;
+  for (int i = 0; i < 256; ++i) {
+    if (stream_->Read(sink).status != transport::IoStatus::kOk) break;
+  }
 }
 
 void Qp::FlushReceives() {

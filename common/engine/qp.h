@@ -244,8 +244,11 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   // if the QP is not in RTS.
   bool Disconnect();
 
-  // Detaches the stream (RST if still connected) and removes the QP from the
-  // engine. No completions are generated. Safe while the progress thread is
+  // Detaches the stream and removes the QP from the engine. A stream that
+  // ends in order (Disconnect asked, or our FIN out) is closed gracefully:
+  // what TCP holds still reaches the peer, then FIN; WRs not yet started
+  // are dropped. Otherwise (still connected) the close is abortive (RST).
+  // No completions are generated. Safe while the progress thread is
   // running; when it returns (off the progress thread and outside callbacks
   // of this QP) no engine thread touches the QP's buffers or CQs any more.
   void Destroy();
@@ -369,6 +372,9 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   void Attach();                       // command: stream into the poller
   void Finalize(std::uint32_t flags);  // command: close, flush, go to ERR
   void Detach();                       // command: Destroy's work
+  // Detach of a stream that ends in order: FIN (if not sent yet), drop what
+  // the peer sent, close without RST. Transmit gate held.
+  void CloseStreamInOrder();
   void FlushReceives();                // command: flush the own RQ
   void OnTimer(std::chrono::steady_clock::time_point now);  // a timer of ours is due
   void OnPollEvent(bool readable, bool writable, bool hangup);

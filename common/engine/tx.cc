@@ -67,6 +67,7 @@ void QpTx::Start(const StreamParams& params, std::size_t max_ulpdu) {
   mode_ = Mode::kOpen;
   terminate_.reset();
   terminate_framed_ = false;
+  fin_sent_ = false;
   {
     std::lock_guard lock(qp_.queue_mutex_);
     // From the head: WRs queued in RTR before the stream (out-of-band
@@ -729,9 +730,41 @@ void QpTx::FinishWinding() {
   // The Terminate (if any) and everything before it is out: FIN (RFC 5040
   // 7.1: the stream is closed after the Terminate).
   qp_.stream_->ShutdownWrite();
+  fin_sent_ = true;
   mode_ = Mode::kDone;
   qp_.SetWriteInterest(false);
   qp_.RequestFinalize(Qp::kFinalizeNone);
+}
+
+bool QpTx::FinishStartedFpdu() {
+  if (!started_ || !slots_ || in_flight_ == 0 || !qp_.stream_) return true;
+  Slot& slot = slots_[first_];
+  if (slot.sent == 0) return true;
+  AccessStatus failure = AccessStatus::kOk;
+  if (!AcquireRefs(slot, failure)) return false;  // its source is gone: only an RST is clean
+  constexpr int kTries = 4;
+  for (int attempt = 0; attempt < kTries && slot.sent < slot.frame.wire_length(); ++attempt) {
+    std::size_t count = 0;
+    std::size_t skip = slot.sent;
+    for (const mpa::IoSlice& s : slot.frame.slices()) {
+      if (skip >= s.len) {
+        skip -= s.len;
+        continue;
+      }
+      iov_[count].iov_base = const_cast<std::uint8_t*>(s.base + skip);
+      iov_[count].iov_len = s.len - skip;
+      skip = 0;
+      if (++count == iov_.size()) break;
+    }
+    const transport::IoResult result =
+        qp_.stream_->WriteV(std::span<const iovec>(iov_.data(), count));
+    if (result.status != transport::IoStatus::kOk) break;
+    slot.sent += result.bytes;
+    CounterAdd(qp_.counters_.tx_octets, result.bytes);
+  }
+  for (std::size_t i = 0; i < slot.source_count; ++i) slot.refs[i].Release();
+  slot.refs_held = false;
+  return slot.sent == slot.frame.wire_length();
 }
 
 }  // namespace siwx::engine

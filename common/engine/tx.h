@@ -102,8 +102,16 @@ class QpTx {
   // socket is full; winds down when told to. Returns true if work remains
   // that only another turn (not writability) will do.
   bool Pump();
+  // Destroy of a QP whose stream ends in order: writes the rest of an FPDU
+  // that is partly on the wire, without waiting (a few non-blocking tries),
+  // so a graceful close never cuts one. True if no FPDU is partly written
+  // (any later ones are dropped with their WRs); false if one still is
+  // (the caller must reset the stream). Call before Stop.
+  bool FinishStartedFpdu();
 
   bool started() const { return started_; }
+  // Our FIN went out after everything owed (set until the next Start).
+  bool fin_sent() const { return fin_sent_; }
 
  private:
   struct Source {        // a payload piece in registered memory
@@ -196,6 +204,7 @@ class QpTx {
 
   Qp& qp_;
   bool started_ = false;
+  bool fin_sent_ = false;
   Mode mode_ = Mode::kOpen;
   std::optional<rdmap::TerminateHeader> terminate_;
   bool terminate_framed_ = false;

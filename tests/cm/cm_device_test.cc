@@ -627,6 +627,89 @@ TEST_F(CmDevice, LargeFpdusOnlyWhereBothEndsAgreed) {
   ExpectNoLeaks();
 }
 
+// rdma_disconnect, then rdma_destroy_qp at once (the usual teardown): what
+// TCP already took must still reach a peer that has not read it yet, then
+// FIN; the destroy used to reset the stream (RST), which loses what our
+// kernel still held. A raw Initiator (no RTR, no CRC, no markers) with a
+// small receive buffer reads a 1 MiB Send only after our QP is gone.
+TEST_F(CmDevice, DestroyRightAfterDisconnectLosesNothingTcpHeld) {
+  if (dlsym(RTLD_DEFAULT, "siwx_qp_bind_stream_num") == nullptr) {
+    GTEST_SKIP() << "the provider does not take streams (CM-only mode)";
+  }
+  Listener l;
+  l.Start();
+  Fd raw = RawConnect(l.port);
+  const int rcvbuf = 64 << 10;  // most of the Send stays in our kernel
+  ASSERT_EQ(setsockopt(raw.get(), SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf)), 0);
+  // v2 Request with IRD/ORD words, client-server (no A: no RTR), IRD/ORD 1.
+  WriteAll(raw, Frame(RequestKey(), 0x1002, 4, IrdOrd(0x0001, 0x0001)));
+  const EventCopy req = Expect(l.channel, RDMA_CM_EVENT_CONNECT_REQUEST);
+  ASSERT_NE(req.id, nullptr);
+  ibv_qp_init_attr attr = SmallRcQpAttr();
+  if (!CreateQp(req.id, &attr)) {
+    if (provider_missing_) GTEST_SKIP() << "the provider does not create CQs/QPs yet";
+    return;
+  }
+  ASSERT_EQ(rdma_accept(req.id, nullptr), 0);
+  ASSERT_EQ(ReadN(raw, 24).size(), 24u);
+  Expect(l.channel, RDMA_CM_EVENT_ESTABLISHED);
+
+  constexpr std::size_t kSize = 1 << 20;
+  std::vector<std::uint8_t> out(kSize, 0x5A);
+  const int access = IBV_ACCESS_LOCAL_WRITE;  // an int: ibv_reg_mr's macro ORs it
+  ibv_mr* out_mr = ibv_reg_mr(req.id->pd, out.data(), out.size(), access);
+  ASSERT_NE(out_mr, nullptr);
+  ibv_sge sge{reinterpret_cast<std::uintptr_t>(out.data()), kSize, out_mr->lkey};
+  ibv_send_wr swr{};
+  swr.wr_id = 3;
+  swr.sg_list = &sge;
+  swr.num_sge = 1;
+  swr.opcode = IBV_WR_SEND;
+  swr.send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr* bad = nullptr;
+  ASSERT_EQ(ibv_post_send(req.id->qp, &swr, &bad), 0);
+  ibv_wc wc{};
+  ASSERT_TRUE(WaitFor([&] { return ibv_poll_cq(req.id->send_cq, 1, &wc) == 1; }, 10000ms))
+      << "our kernel did not take the whole Send while the peer was not reading";
+  EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+  ASSERT_EQ(rdma_disconnect(req.id), 0);
+  rdma_destroy_qp(req.id);
+
+  // Now the peer reads: whole FPDUs carrying all of the Send, then FIN.
+  Bytes wire;
+  int end = -1;
+  for (;;) {
+    pollfd p{raw.get(), POLLIN, 0};
+    if (poll(&p, 1, 5000) != 1) break;
+    std::uint8_t buf[16384];
+    const ssize_t got = recv(raw.get(), buf, sizeof(buf), 0);
+    if (got <= 0) {
+      end = got == 0 ? 0 : errno;
+      break;
+    }
+    wire.insert(wire.end(), buf, buf + got);
+  }
+  EXPECT_EQ(end, 0) << "not an orderly end (ECONNRESET is " << ECONNRESET << ")";
+  std::size_t at = 0;
+  std::size_t payload = 0;
+  constexpr std::size_t kUntaggedHeader = 18;  // RFC 5041 4.3 + RFC 5040 4.3 (Send)
+  while (at + 2 <= wire.size()) {
+    const std::size_t ulpdu = (std::size_t{wire[at]} << 8) | wire[at + 1];
+    const std::size_t fpdu = ((2 + ulpdu + 3) & ~std::size_t{3}) + 4;  // RFC 5044 4.1
+    if (at + fpdu > wire.size() || ulpdu < kUntaggedHeader) break;
+    payload += ulpdu - kUntaggedHeader;
+    at += fpdu;
+  }
+  EXPECT_EQ(at, wire.size()) << "the stream ends inside an FPDU";
+  EXPECT_EQ(payload, kSize);
+
+  ibv_dereg_mr(out_mr);
+  EXPECT_EQ(rdma_destroy_id(req.id), 0);
+  raw.Reset();
+  l.Stop();
+  ExpectNoLeaks();
+}
+
 // RFC 6581 9.2: "For each initiator-supported RTR indication option, the
 // responder SHOULD set the corresponding Control Flag if the responder can
 // support that option"; the Initiator chooses one of them (1.1) and sends it
