@@ -738,11 +738,12 @@ void QpTx::FinishWinding() {
 
 bool QpTx::FinishStartedFpdu() {
   if (!started_ || !slots_ || in_flight_ == 0 || !qp_.stream_) return true;
-  Slot& slot = slots_[first_];
+  Slot& slot = *slots_[first_];
   if (slot.sent == 0) return true;
   AccessStatus failure = AccessStatus::kOk;
   if (!AcquireRefs(slot, failure)) return false;  // its source is gone: only an RST is clean
   constexpr int kTries = 4;
+  const std::span<iovec> iov = ThreadIov();
   for (int attempt = 0; attempt < kTries && slot.sent < slot.frame.wire_length(); ++attempt) {
     std::size_t count = 0;
     std::size_t skip = slot.sent;
@@ -751,13 +752,12 @@ bool QpTx::FinishStartedFpdu() {
         skip -= s.len;
         continue;
       }
-      iov_[count].iov_base = const_cast<std::uint8_t*>(s.base + skip);
-      iov_[count].iov_len = s.len - skip;
+      iov[count].iov_base = const_cast<std::uint8_t*>(s.base + skip);
+      iov[count].iov_len = s.len - skip;
       skip = 0;
-      if (++count == iov_.size()) break;
+      if (++count == iov.size()) break;
     }
-    const transport::IoResult result =
-        qp_.stream_->WriteV(std::span<const iovec>(iov_.data(), count));
+    const transport::IoResult result = qp_.stream_->WriteV(iov.first(count));
     if (result.status != transport::IoStatus::kOk) break;
     slot.sent += result.bytes;
     CounterAdd(qp_.counters_.tx_octets, result.bytes);
