@@ -606,19 +606,7 @@ bool QpTx::Write(std::size_t& budget) {
   std::size_t count = 0;
   std::size_t total = 0;
   for (std::size_t k = 0; k < in_flight_ && count < iov.size(); ++k) {
-    const Slot& slot = *slots_[(first_ + k) % slot_count_];
-    std::size_t skip = slot.sent;
-    for (const mpa::IoSlice& s : slot.frame.slices()) {
-      if (skip >= s.len) {
-        skip -= s.len;
-        continue;
-      }
-      iov[count].iov_base = const_cast<std::uint8_t*>(s.base + skip);
-      iov[count].iov_len = s.len - skip;
-      total += s.len - skip;
-      skip = 0;
-      if (++count == iov.size()) break;
-    }
+    total += AppendUnsent(*slots_[(first_ + k) % slot_count_], iov, count);
   }
   // From before sendmsg until its octets are accounted, the receive side
   // must not judge the peer's Read Requests against the IRD count (Qp::
@@ -736,6 +724,24 @@ void QpTx::FinishWinding() {
   qp_.RequestFinalize(Qp::kFinalizeNone);
 }
 
+std::size_t QpTx::AppendUnsent(const Slot& slot, std::span<iovec> iov, std::size_t& count) {
+  std::size_t added = 0;
+  std::size_t skip = slot.sent;
+  for (const mpa::IoSlice& s : slot.frame.slices()) {
+    if (count == iov.size()) break;
+    if (skip >= s.len) {
+      skip -= s.len;
+      continue;
+    }
+    iov[count].iov_base = const_cast<std::uint8_t*>(s.base + skip);
+    iov[count].iov_len = s.len - skip;
+    added += s.len - skip;
+    skip = 0;
+    ++count;
+  }
+  return added;
+}
+
 bool QpTx::FinishStartedFpdu() {
   if (!started_ || !slots_ || in_flight_ == 0 || !qp_.stream_) return true;
   Slot& slot = *slots_[first_];
@@ -746,17 +752,7 @@ bool QpTx::FinishStartedFpdu() {
   const std::span<iovec> iov = ThreadIov();
   for (int attempt = 0; attempt < kTries && slot.sent < slot.frame.wire_length(); ++attempt) {
     std::size_t count = 0;
-    std::size_t skip = slot.sent;
-    for (const mpa::IoSlice& s : slot.frame.slices()) {
-      if (skip >= s.len) {
-        skip -= s.len;
-        continue;
-      }
-      iov[count].iov_base = const_cast<std::uint8_t*>(s.base + skip);
-      iov[count].iov_len = s.len - skip;
-      skip = 0;
-      if (++count == iov.size()) break;
-    }
+    AppendUnsent(slot, iov, count);
     const transport::IoResult result = qp_.stream_->WriteV(iov.first(count));
     if (result.status != transport::IoStatus::kOk) break;
     slot.sent += result.bytes;

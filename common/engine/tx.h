@@ -42,6 +42,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "common/engine/access.h"
@@ -189,6 +190,9 @@ class QpTx {
   void StageResponsePayload(Slot& slot, std::array<ByteSpan, kMaxSge>& pieces,
                             std::size_t& piece_count);
   bool AcquireRefs(Slot& slot, AccessStatus& failure);
+  // Appends the octets of `slot` not yet written to iov[count...], as far as
+  // `iov` has room; returns how many octets it added.
+  static std::size_t AppendUnsent(const Slot& slot, std::span<iovec> iov, std::size_t& count);
   void ReleaseRefs();
   // Ends the stream with an RST after a transmit failure: QP fatal, no
   // Terminate (the stream can no longer carry one), transmit stops.
