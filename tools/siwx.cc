@@ -118,17 +118,6 @@ void PrintQp(const stats::QpSnapshot& q) {
   }
 }
 
-// Whether a /dev/shm entry is a statistics file name: siwx-<digits>.
-bool StatsName(const char* name, int* pid) {
-  const std::size_t prefix = std::strlen(stats::kStatsPrefix);
-  if (std::strncmp(name, stats::kStatsPrefix, prefix) != 0 || name[prefix] == '\0') return false;
-  char* end = nullptr;
-  const long value = std::strtol(name + prefix, &end, 10);
-  if (*end != '\0' || value <= 0 || value > 0x3fffffff) return false;
-  *pid = static_cast<int>(value);
-  return true;
-}
-
 int Stat(int only_pid) {
   std::vector<int> pids;
   if (only_pid > 0) {
@@ -142,7 +131,7 @@ int Stat(int only_pid) {
     }
     while (const dirent* entry = readdir(dir)) {
       int pid = 0;
-      if (StatsName(entry->d_name, &pid)) pids.push_back(pid);
+      if (stats::ParseStatsFileName(entry->d_name, &pid)) pids.push_back(pid);
     }
     closedir(dir);
   }

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 #include "common/stats/stats_file.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <strings.h>
 #include <sys/mman.h>
@@ -46,6 +47,39 @@ std::uint64_t ProcessStartTicks(int pid) {
     if (index == 22) return std::strtoull(field.c_str(), nullptr, 10);
   }
   return 0;
+}
+
+bool ParseStatsFileName(const char* name, int* pid) {
+  const std::size_t prefix = std::strlen(kStatsPrefix);
+  if (std::strncmp(name, kStatsPrefix, prefix) != 0 || name[prefix] < '0' ||
+      name[prefix] > '9') {
+    return false;
+  }
+  char* end = nullptr;
+  const long value = std::strtol(name + prefix, &end, 10);
+  if (*end != '\0' || value <= 0 || value > 0x3fffffff) return false;
+  *pid = static_cast<int>(value);
+  return true;
+}
+
+int RemoveStaleStatsFiles(const std::string& directory) {
+  DIR* dir = ::opendir(directory.c_str());
+  if (dir == nullptr) return 0;
+  std::vector<std::string> stale;
+  while (const dirent* entry = ::readdir(dir)) {
+    int pid = 0;
+    if (!ParseStatsFileName(entry->d_name, &pid)) continue;
+    const std::string path = directory + "/" + entry->d_name;
+    ProcessSnapshot snapshot;
+    int error = 0;
+    if (ReadStatsFile(path, &snapshot, &error) == ReadStatus::kStale) stale.push_back(path);
+  }
+  ::closedir(dir);
+  int removed = 0;
+  for (const std::string& path : stale) {
+    if (::unlink(path.c_str()) == 0) ++removed;
+  }
+  return removed;
 }
 
 namespace {
@@ -179,6 +213,8 @@ StatsFile* StatsFile::ForProcess() {
              StatsPathFor(pid).c_str(), std::strerror(errno));
     return nullptr;
   }
+  // Files of processes that were killed (no exit, no cleanup) go now.
+  RemoveStaleStatsFiles(kStatsDirectory);
   // Lives until the process exits (QPs may outlive any owner we could name).
   process_file = file.release();
   return process_file;

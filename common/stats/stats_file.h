@@ -219,8 +219,16 @@ enum class ReadStatus {
 ReadStatus ReadStatsFile(const std::string& path, ProcessSnapshot* out, int* error,
                          bool check_alive = true);
 
+// Removes the statistics files in `directory` (siwx-<pid>) whose process is
+// gone, as far as this user may; returns how many. A new process's file
+// does this once, so files of killed processes do not pile up.
+int RemoveStaleStatsFiles(const std::string& directory);
+
 // The start time of process `pid` from /proc/<pid>/stat (field 22), 0 when
 // it does not exist.
 std::uint64_t ProcessStartTicks(int pid);
+
+// Whether `name` is a statistics file name, siwx-<pid>; the pid in *pid.
+bool ParseStatsFileName(const char* name, int* pid);
 
 }  // namespace siwx::stats

@@ -4,6 +4,7 @@
 #include "common/stats/stats_file.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -128,6 +129,40 @@ TEST(StatsFile, FileOfADeadProcessIsStale) {
   EXPECT_EQ(ReadStatsFile(path, &snapshot, &error, /*check_alive=*/false), ReadStatus::kOk);
   EXPECT_EQ(snapshot.qps.size(), 1u);
   ::unlink(path.c_str());
+}
+
+TEST(StatsFile, SweepRemovesOnlyFilesOfDeadProcesses) {
+  const std::string dir =
+      ::testing::TempDir() + "/siwx-stats-sweep-" + std::to_string(::getpid());
+  ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::unique_ptr<StatsFile> file =
+        StatsFile::Create(dir + "/siwx-" + std::to_string(::getpid()));
+    ::_exit(file != nullptr ? 0 : 1);  // no cleanup: a killed process
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  const std::string live = dir + "/siwx-" + std::to_string(::getpid());
+  std::unique_ptr<StatsFile> own = StatsFile::Create(live);
+  ASSERT_NE(own, nullptr);
+  const std::string other = dir + "/siwx-notes";  // not a statistics file name
+  std::ofstream(other) << "x";
+  EXPECT_EQ(RemoveStaleStatsFiles(dir), 1);
+  EXPECT_NE(::access((dir + "/siwx-" + std::to_string(child)).c_str(), F_OK), 0);
+  EXPECT_EQ(::access(live.c_str(), F_OK), 0);
+  EXPECT_EQ(::access(other.c_str(), F_OK), 0);
+  int pid = 0;
+  EXPECT_TRUE(ParseStatsFileName("siwx-123", &pid));
+  EXPECT_EQ(pid, 123);
+  EXPECT_FALSE(ParseStatsFileName("siwx-12a", &pid));
+  EXPECT_FALSE(ParseStatsFileName("siwx-", &pid));
+  EXPECT_FALSE(ParseStatsFileName("siwx--1", &pid));
+  own.reset();
+  ::unlink(other.c_str());
+  ::rmdir(dir.c_str());
 }
 
 TEST(StatsFile, ForeignOrDamagedFilesAreRefused) {
