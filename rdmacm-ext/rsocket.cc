@@ -896,13 +896,19 @@ int SendError(const Socket& s) {
   return EPIPE;
 }
 
+// Waits until a message may be sent: 0 once one may, else the wait's errno
+// or, for a socket that stopped being writable, SendError's.
+int WaitToSend(Socket& s, std::unique_lock<std::mutex>& lk, bool nonblock) {
+  const int rc = WaitUntil(s, lk, nonblock, [&] { return CanSendData(s) || !s.writable; }, -1);
+  if (rc != 0) return rc;
+  return s.writable ? 0 : SendError(s);
+}
+
 // Sends the iomap entries riomap queued for the peer.
 int SendIomaps(Socket& s, std::unique_lock<std::mutex>& lk, bool nonblock) {
   for (LocalIomap& m : s.iomaps) {
     if (m.index < 0 || m.sent) continue;
-    const int rc = WaitUntil(s, lk, nonblock, [&] { return CanSendData(s) || !s.writable; }, -1);
-    if (rc != 0) return rc;
-    if (!s.writable) return SendError(s);
+    if (const int rc = WaitToSend(s, lk, nonblock); rc != 0) return rc;
     wire::Iomap e{m.offset, {reinterpret_cast<std::uintptr_t>(m.mr->addr), m.mr->rkey,
                              static_cast<std::uint32_t>(m.mr->length)}};
     std::uint8_t enc[wire::kIomapSize];
@@ -938,12 +944,8 @@ ssize_t SendV(Socket& s, std::unique_lock<std::mutex>& lk, const iovec* iov, int
   int err = 0;
   while (sent < total) {
     if (!CanSendData(s)) {
-      err = WaitUntil(s, lk, nonblock, [&] { return CanSendData(s) || !s.writable; }, -1);
+      err = WaitToSend(s, lk, nonblock);
       if (err != 0) break;
-      if (!s.writable) {
-        err = SendError(s);
-        break;
-      }
     }
     std::size_t left = total - sent;
     std::uint32_t xfer;
@@ -1005,12 +1007,8 @@ ssize_t IoWrite(Socket& s, std::unique_lock<std::mutex>& lk, const void* buf, st
       break;
     }
     if (!CanSendData(s)) {
-      err = WaitUntil(s, lk, nonblock, [&] { return CanSendData(s) || !s.writable; }, -1);
+      err = WaitToSend(s, lk, nonblock);
       if (err != 0) break;
-      if (!s.writable) {
-        err = SendError(s);
-        break;
-      }
       continue;  // the table may have changed while we waited
     }
     const std::size_t left = count - sent;
