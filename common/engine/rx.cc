@@ -48,45 +48,6 @@ class StagingLease {
 
 }  // namespace
 
-rdmap::TerminateCause TaggedPlacementCause(AccessStatus status) {
-  using rdmap::TerminateCause;
-  switch (status) {
-    case AccessStatus::kInvalidStag:
-    case AccessStatus::kInvalidated:
-      return TerminateCause::DdpInvalidStag();
-    case AccessStatus::kPdMismatch:
-      return TerminateCause::DdpStagNotAssociated();
-    case AccessStatus::kAccessViolation:
-      // DDP has no access-rights code; RDMAP has (access.h).
-      return TerminateCause::RdmapAccessRights();
-    case AccessStatus::kToWrap:
-      return TerminateCause::DdpToWrap();
-    case AccessStatus::kBaseOrBounds:
-    case AccessStatus::kOk:
-      break;
-  }
-  return TerminateCause::DdpBaseOrBounds();
-}
-
-rdmap::TerminateCause ReadSourceCause(AccessStatus status) {
-  using rdmap::TerminateCause;
-  switch (status) {
-    case AccessStatus::kInvalidStag:
-    case AccessStatus::kInvalidated:
-      return TerminateCause::RdmapInvalidStag();
-    case AccessStatus::kPdMismatch:
-      return TerminateCause::RdmapStagNotAssociated();
-    case AccessStatus::kAccessViolation:
-      return TerminateCause::RdmapAccessRights();
-    case AccessStatus::kToWrap:
-      return TerminateCause::RdmapToWrap();
-    case AccessStatus::kBaseOrBounds:
-    case AccessStatus::kOk:
-      break;
-  }
-  return TerminateCause::RdmapBaseOrBounds();
-}
-
 QpRx::QpRx(Qp& qp) : qp_(qp) {}
 QpRx::~QpRx() = default;
 
@@ -395,6 +356,12 @@ bool QpRx::HandleEvent(mpa::RxEvent event) {
   return false;
 }
 
+bool QpRx::Accepts(const RxVerdict& verdict) {
+  if (verdict.accepted()) return true;
+  Reject({*verdict.cause, verdict.copy_header, verdict.recv_status, verdict.read_status});
+  return false;
+}
+
 void QpRx::Reject(const PendingError& error) {
   // Nothing of this segment is placed; its payload is read, CRC-checked and
   // dropped, and the error raised when the FPDU ends (a CRC error wins).
@@ -412,19 +379,8 @@ void QpRx::OnHeader(const mpa::FpduHeaderInfo& info) {
   std::memcpy(header_raw_.data(), info.header.data(), header_raw_length_);
 
   const rdmap::HeaderDecodeResult decoded = rdmap::DecodeDdpRdmapHeader(info.header);
-  if (info.truncated || decoded.status != rdmap::HeaderStatus::kOk) {
-    const std::optional<rdmap::TerminateCause> cause = rdmap::TerminateCauseForHeader(decoded);
-    Reject({cause.value_or(rdmap::TerminateCause::RdmapOperationUnspecified())});
-    return;
-  }
+  if (!Accepts(CheckDecodedHeader(decoded, info.truncated))) return;
   header_ = decoded.header;
-  const rdmap::OpcodeInfo* op = rdmap::FindOpcode(header_.opcode);
-  // RFC 7306 messages are recognised but not offered (no RFC 7306 support
-  // was negotiated): Unexpected OpCode.
-  if (op == nullptr || op->spec != rdmap::OpcodeSpec::kRfc5040) {
-    Reject({rdmap::TerminateCause::RdmapUnexpectedOpcode()});
-    return;
-  }
   if (awaiting_rtr_ && header_.opcode != rdmap::Opcode::kTerminate) {
     CheckRtr(header_);
     return;
@@ -451,63 +407,23 @@ void QpRx::OnHeader(const mpa::FpduHeaderInfo& info) {
 }
 
 bool QpRx::CheckRtr(const rdmap::DdpRdmapHeader& h) {
-  // RFC 6581 7.1: the first message must be a zero-length RTR of a type the
-  // Reply advertised (9.2: the Initiator picks one of them).
-  const unsigned mask = params_.rtr_accept_mask != 0
-                            ? params_.rtr_accept_mask
-                            : 1u << static_cast<unsigned>(params_.rtr_message);
-  auto allowed = [&](RtrMessage m) { return (mask & (1u << static_cast<unsigned>(m))) != 0; };
-  const auto* body = std::get_if<rdmap::ReadRequestBody>(&h.body);
-  const bool match =
-      (allowed(RtrMessage::kSend) && h.opcode == rdmap::Opcode::kSend && h.msn == 1 &&
-       h.mo == 0 && h.last && payload_length_ == 0) ||
-      (allowed(RtrMessage::kWrite) && h.opcode == rdmap::Opcode::kRdmaWrite && h.last &&
-       payload_length_ == 0) ||
-      (allowed(RtrMessage::kRead) && h.opcode == rdmap::Opcode::kRdmaReadRequest &&
-       h.msn == 1 && body != nullptr && body->read_size == 0 && payload_length_ == 0);
-  if (!match) {
-    Reject({rdmap::TerminateCause::MpaNoMatchingRtr(), /*copy_header=*/false});
-    return false;
-  }
+  if (!Accepts(engine::CheckRtr(h, payload_length_, AcceptedRtrMask(params_)))) return false;
   segment_ = Segment::kRtr;
   return true;
 }
 
 void QpRx::HeaderSend(const rdmap::DdpRdmapHeader& h) {
-  // RFC 5041 5.3 / 7.2: the MSN names the untagged buffer (the receive WR)
-  // and the MO the offset into it. Messages arrive in order over MPA, so the
-  // MSN is the next one (or the current one, mid-message) and the MO the
-  // octets placed so far.
+  if (!Accepts(CheckSendPosition(h, {send_active_, send_msn_, send_received_}))) return;
   if (!send_active_) {
-    if (h.msn != send_msn_) {
-      Reject({rdmap::TerminateCause::DdpInvalidMsnRange()});
-      return;
-    }
-    if (h.mo != 0) {
-      Reject({rdmap::TerminateCause::DdpInvalidMo()});
-      return;
-    }
     recv_wr_ = qp_.rq_->Take();
-    if (!recv_wr_) {
-      Reject({rdmap::TerminateCause::DdpNoBuffer()});
-      return;
-    }
-    send_active_ = true;
-    send_received_ = 0;
-  } else {
-    if (h.msn != send_msn_) {
-      Reject({rdmap::TerminateCause::DdpInvalidMsnRange()});
-      return;
-    }
-    if (h.mo != send_received_) {
-      Reject({rdmap::TerminateCause::DdpInvalidMo()});
-      return;
+    if (recv_wr_) {
+      send_active_ = true;
+      send_received_ = 0;
     }
   }
-  if (std::uint64_t{h.mo} + payload_length_ > recv_wr_->total_length()) {
-    Reject({rdmap::TerminateCause::DdpMessageTooLong(), true, WcStatus::kLocLenErr});
-    return;
-  }
+  const std::optional<std::uint64_t> buffer_length =
+      recv_wr_ ? std::optional<std::uint64_t>(recv_wr_->total_length()) : std::nullopt;
+  if (!Accepts(CheckSendBuffer(buffer_length, h, payload_length_))) return;
   segment_ = Segment::kSend;
   if (payload_length_ > 0) {
     AccessStatus failure = AccessStatus::kOk;
@@ -526,14 +442,10 @@ void QpRx::HeaderTagged(const rdmap::DdpRdmapHeader& h) {
   MemoryTable& memory = qp_.engine_->memory();
   const PdId pd = qp_.config_.pd;
   if (h.opcode == rdmap::Opcode::kRdmaWrite) {
-    // RFC 5041 7.1 / RFC 5042 6: STag, PD (stream), rights, wrap, bounds.
     if (payload_length_ > 0) {
       const AccessCheckResult check =
           memory.Check(h.stag, pd, AccessKind::kRemoteWrite, h.to, payload_length_);
-      if (!check.ok()) {
-        Reject({TaggedPlacementCause(check.status)});
-        return;
-      }
+      if (!Accepts(CheckWriteTarget(check.status))) return;
     }
     tagged_stag_ = h.stag;
     tagged_to_ = h.to;
@@ -541,8 +453,7 @@ void QpRx::HeaderTagged(const rdmap::DdpRdmapHeader& h) {
     return;
   }
 
-  // Read Response: for the oldest outstanding Read Request (RFC 5040 5.2,
-  // responses come in request order), into the sink it named.
+  // Read Response: for the oldest outstanding Read Request.
   if (!response_active_) {
     bool have = false;
     {
@@ -552,35 +463,21 @@ void QpRx::HeaderTagged(const rdmap::DdpRdmapHeader& h) {
         have = true;
       }
     }
-    if (!have) {
-      Reject({rdmap::TerminateCause::RdmapUnexpectedOpcode()});
-      return;
+    if (have) {
+      response_active_ = true;
+      response_received_ = 0;
     }
-    response_active_ = true;
-    response_received_ = 0;
   }
-  if (h.stag != response_.sink_stag) {
-    Reject({rdmap::TerminateCause::DdpInvalidStag(), true, std::nullopt, WcStatus::kBadRespErr});
-    return;
+  std::optional<ExpectedResponse> expected;
+  if (response_active_) {
+    expected = ExpectedResponse{response_.sink_stag, response_.sink_to, response_.size,
+                                response_received_};
   }
-  const std::uint64_t end = response_received_ + payload_length_;
-  if (h.to != response_.sink_to + response_received_ || end > response_.size) {
-    Reject({rdmap::TerminateCause::DdpBaseOrBounds(), true, std::nullopt, WcStatus::kBadRespErr});
-    return;
-  }
-  if (h.last && end != response_.size) {
-    // The response ended before RDMARDSZ octets arrived.
-    Reject({rdmap::TerminateCause::RdmapOperationUnspecified(), true, std::nullopt,
-            WcStatus::kBadRespErr});
-    return;
-  }
+  if (!Accepts(CheckReadResponse(h, payload_length_, expected))) return;
   if (payload_length_ > 0) {
     const AccessCheckResult check =
         memory.Check(h.stag, pd, AccessKind::kRemoteWrite, h.to, payload_length_);
-    if (!check.ok()) {
-      Reject({TaggedPlacementCause(check.status), true, std::nullopt, WcStatus::kLocProtErr});
-      return;
-    }
+    if (!Accepts(CheckReadResponseTarget(check.status))) return;
   }
   tagged_stag_ = h.stag;
   tagged_to_ = h.to;
@@ -588,46 +485,22 @@ void QpRx::HeaderTagged(const rdmap::DdpRdmapHeader& h) {
 }
 
 void QpRx::HeaderReadRequest(const rdmap::DdpRdmapHeader& h) {
-  const auto* body = std::get_if<rdmap::ReadRequestBody>(&h.body);
-  if (body == nullptr) {
-    Reject({rdmap::TerminateCause::RdmapOperationUnspecified()});
-    return;
-  }
-  // The Read Request is exactly its header: more is too long for the QN 1
-  // buffer it goes to.
-  if (payload_length_ > 0) {
-    Reject({rdmap::TerminateCause::DdpMessageTooLong()});
-    return;
-  }
-  if (h.msn != read_msn_) {
-    Reject({rdmap::TerminateCause::DdpInvalidMsnRange()});
-    return;
-  }
+  if (!Accepts(CheckReadRequest(h, payload_length_, read_msn_))) return;
+  const auto& body = std::get<rdmap::ReadRequestBody>(h.body);
   auto outstanding = [this] {
     std::lock_guard lock(qp_.queue_mutex_);
     return qp_.irq_outstanding_;
   };
-  // QN 1 holds IRD buffers (RFC 5040 5.2.1: "One RDMA Read Request Message
-  // MUST consume one Untagged Buffer"; 5.2.2: the Data Source provides
-  // buffers for the negotiated number of Reads). A request counts until the
-  // last octet of its response went to the kernel; one more finds no
-  // buffer: DDP "Invalid MSN - no buffer available" (RFC 5041 7.2).
-  if (outstanding() >= params_.ird) {
+  if (!CheckReadRequestBuffer(outstanding(), params_.ird).accepted()) {
     // A sendmsg that just handed a response over may not be counted yet.
     qp_.WaitForSendAccounting();
-    if (outstanding() >= params_.ird) {
-      Reject({rdmap::TerminateCause::DdpNoBuffer()});
-      return;
-    }
+    if (!Accepts(CheckReadRequestBuffer(outstanding(), params_.ird))) return;
   }
-  if (body->read_size > 0) {
+  if (body.read_size > 0) {
     const AccessCheckResult check =
-        qp_.engine_->memory().Check(body->source_stag, qp_.config_.pd, AccessKind::kRemoteRead,
-                                    body->source_to, body->read_size);
-    if (!check.ok()) {
-      Reject({ReadSourceCause(check.status)});
-      return;
-    }
+        qp_.engine_->memory().Check(body.source_stag, qp_.config_.pd, AccessKind::kRemoteRead,
+                                    body.source_to, body.read_size);
+    if (!Accepts(CheckReadSource(check.status))) return;
   }
   segment_ = Segment::kReadRequest;
 }

@@ -63,6 +63,7 @@
 #include "common/engine/access.h"
 #include "common/engine/completion.h"
 #include "common/engine/memory.h"
+#include "common/engine/rx_checks.h"
 #include "common/engine/stream_params.h"
 #include "common/engine/tx.h"
 #include "common/engine/work_request.h"
@@ -74,14 +75,6 @@
 namespace siwx::engine {
 
 class Qp;
-
-// The Terminate cause for a tagged segment (RDMA Write, Read Response) whose
-// target failed the access check: the DDP column of access.h, except that
-// DDP has no access-rights code, so that one is RDMAP's (RFC 5040 4.8).
-rdmap::TerminateCause TaggedPlacementCause(AccessStatus status);
-// The Terminate cause for an RDMA Read Request whose Data Source failed the
-// access check: RDMAP Remote Protection (RFC 5040 4.8, the RDMAP column).
-rdmap::TerminateCause ReadSourceCause(AccessStatus status);
 
 class QpRx {
  public:
@@ -165,6 +158,8 @@ class QpRx {
   void HeaderTerminate(const rdmap::DdpRdmapHeader& h);
   bool CheckRtr(const rdmap::DdpRdmapHeader& h);
   void Reject(const PendingError& error);
+  // Rejects the segment when a header check refused it; true if accepted.
+  bool Accepts(const RxVerdict& verdict);
   void CompleteSend();
   void CompleteReadResponse();
   void CompleteReadRequest();
