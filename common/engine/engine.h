@@ -94,8 +94,6 @@ class Engine {
 
  private:
   friend class Qp;
-  friend class QpTx;
-  friend class QpRx;
 
   enum class CommandKind : std::uint8_t { kAttach, kFinalize, kDetach, kFlushReceives, kKickTx };
   struct Command {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cassert>
 #include <thread>
 #include <utility>
 
@@ -167,6 +168,181 @@ Qp::Qp(Engine* engine, std::uint32_t qp_num, const QpConfig& config,
 }
 
 Qp::~Qp() { stats::StatsFile::ReleaseForProcess(stats_slot_); }
+
+// ---- The sides' view of the QP (qp_sides.h) ----
+
+// Calls of QpForTx come from the transmit-gate holder; cheap to check.
+#define SIWX_ASSERT_TX_GATE_HELD() assert(tx_gate_.load(std::memory_order_relaxed) != 0)
+
+MemoryTable& Qp::memory() { return engine_->memory(); }
+
+bool Qp::RtrReceived() const { return rtr_received_.load(std::memory_order_acquire); }
+
+void Qp::MarkRtrReceived() {
+  rtr_received_.store(true, std::memory_order_release);
+  KickTx();
+}
+
+void Qp::EndStream(bool abort) { RequestFinalize(abort ? kFinalizeAbort : kFinalizeNone); }
+
+std::optional<ReceiveWorkRequest> Qp::TakeReceive() { return rq_->Take(); }
+
+void Qp::CompleteReceive(const WorkCompletion& wc, bool solicited) {
+  PushRecvCompletion(wc, solicited);
+}
+
+std::optional<OrqEntry> Qp::OldestRead() {
+  std::lock_guard lock(queue_mutex_);
+  if (!orq_ || orq_->empty()) return std::nullopt;
+  return *orq_->Front();
+}
+
+void Qp::CompleteOldestRead(const OrqEntry& read) {
+  {
+    std::lock_guard lock(queue_mutex_);
+    if (orq_ && !orq_->empty()) orq_->Pop();
+    if (!read.rtr) {
+      SqEntry& entry = sq_.At(read.seq);
+      if (!entry.done) {
+        entry.done = true;
+        entry.status = WcStatus::kSuccess;
+      }
+    }
+  }
+  if (!read.rtr) RetireSq();
+  KickTx();  // an ORD slot or a fence may have opened
+}
+
+std::uint32_t Qp::ReadRequestsOutstanding() {
+  std::lock_guard lock(queue_mutex_);
+  return irq_outstanding_;
+}
+
+void Qp::QueueReadRequest(const IrqEntry& request) {
+  std::lock_guard lock(queue_mutex_);
+  irq_->Push(request);
+  ++irq_outstanding_;
+}
+
+std::optional<std::uint64_t> Qp::FindReadByMsn(std::uint32_t msn) {
+  std::lock_guard lock(queue_mutex_);
+  std::optional<std::uint64_t> found;
+  if (!orq_) return found;
+  for (std::uint32_t i = 0; i < orq_->size(); ++i) {
+    const OrqEntry& e = orq_->At(i);
+    if (e.msn == msn && !e.rtr) found = e.seq;
+  }
+  return found;
+}
+
+std::optional<std::uint64_t> Qp::FindUnfinishedSendByMsn(std::uint32_t msn) {
+  std::lock_guard lock(queue_mutex_);
+  std::optional<std::uint64_t> found;
+  for (std::uint64_t seq = sq_.head; seq != sq_.tail; ++seq) {
+    const SqEntry& e = sq_.At(seq);
+    if (!e.done && e.wr.IsSend() && e.msn == msn) found = seq;
+  }
+  return found;
+}
+
+std::optional<std::uint64_t> Qp::FindUnfinishedWriteByStag(std::uint32_t stag) {
+  std::lock_guard lock(queue_mutex_);
+  for (std::uint64_t seq = sq_.head; seq != sq_.tail; ++seq) {
+    const SqEntry& e = sq_.At(seq);
+    if (!e.done && e.wr.opcode == SendOpcode::kRdmaWrite && e.wr.rkey == stag) return seq;
+  }
+  return std::nullopt;
+}
+
+void Qp::OnPeerClosedInOrder() {
+  peer_closed_gracefully_.store(true);
+  const TransitionResult t = state_.Handle(QpEvent::kPeerClosing);
+  if (t.status == QpStatus::kOk) {
+    {
+      std::lock_guard lock(queue_mutex_);
+      tx_close_ = TxClose::kGraceful;
+      tx_mail_.store(true, std::memory_order_release);
+    }
+    ArmTeardown();
+    KickTx();
+  }
+}
+
+transport::TcpStream* Qp::stream() {
+  SIWX_ASSERT_TX_GATE_HELD();
+  return stream_.get();
+}
+
+std::optional<TxMail> Qp::TakeMail() {
+  SIWX_ASSERT_TX_GATE_HELD();
+  if (!tx_mail_.load(std::memory_order_acquire)) return std::nullopt;
+  TxMail mail;
+  std::lock_guard lock(queue_mutex_);
+  mail.terminate = std::move(tx_terminate_);
+  tx_terminate_.reset();
+  mail.close = tx_close_;
+  tx_close_ = TxClose::kNone;
+  tx_mail_.store(false, std::memory_order_relaxed);
+  return mail;
+}
+
+std::uint64_t Qp::SqHead() {
+  std::lock_guard lock(queue_mutex_);
+  return sq_.head;
+}
+
+SqPeek Qp::PeekSq(std::uint64_t seq) {
+  SIWX_ASSERT_TX_GATE_HELD();
+  SqPeek peek;
+  std::lock_guard lock(queue_mutex_);
+  if (seq == sq_.tail || sq_.At(seq).flush_only) return peek;
+  peek.wr = &sq_.At(seq).wr;
+  peek.reads_outstanding = orq_ ? orq_->size() : 0;
+  return peek;
+}
+
+void Qp::SetSqMsn(std::uint64_t seq, std::uint32_t msn) {
+  std::lock_guard lock(queue_mutex_);
+  sq_.At(seq).msn = msn;
+}
+
+void Qp::MarkSqDone(std::uint64_t seq) {
+  std::lock_guard lock(queue_mutex_);
+  SqEntry& entry = sq_.At(seq);
+  if (!entry.done) {
+    entry.done = true;
+    entry.status = WcStatus::kSuccess;
+  }
+}
+
+void Qp::PushOrq(const OrqEntry& read) {
+  SIWX_ASSERT_TX_GATE_HELD();
+  std::lock_guard lock(queue_mutex_);
+  orq_->Push(read);
+  if (!read.rtr) sq_.At(read.seq).msn = read.msn;
+}
+
+std::optional<IrqEntry> Qp::TakeReadRequest() {
+  std::lock_guard lock(queue_mutex_);
+  if (!irq_ || irq_->empty()) return std::nullopt;
+  const IrqEntry request = *irq_->Front();
+  irq_->Pop();
+  return request;
+}
+
+void Qp::ResponsesSent(std::uint32_t count) {
+  std::lock_guard lock(queue_mutex_);
+  irq_outstanding_ -= std::min(irq_outstanding_, count);
+}
+
+void Qp::BeginSendAccounting() {
+  SIWX_ASSERT_TX_GATE_HELD();
+  send_accounting_.store(true, std::memory_order_seq_cst);
+}
+
+void Qp::EndSendAccounting() { send_accounting_.store(false, std::memory_order_release); }
+
+#undef SIWX_ASSERT_TX_GATE_HELD
 
 // ---- Transmit gate ----
 

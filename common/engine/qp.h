@@ -97,6 +97,7 @@
 
 #include "common/engine/completion.h"
 #include "common/engine/memory.h"
+#include "common/engine/qp_sides.h"
 #include "common/engine/qp_state.h"
 #include "common/engine/receive_queue.h"
 #include "common/engine/rx.h"
@@ -110,18 +111,6 @@
 namespace siwx::engine {
 
 class Engine;
-
-// Asynchronous events. Values of the ibv ones equal enum ibv_event_type.
-enum class AsyncEventType : std::uint32_t {
-  kQpFatal = 1,            // IBV_EVENT_QP_FATAL: LLP failure, local catastrophe,
-                           // or the peer's Terminate
-  kQpRequestError = 2,     // IBV_EVENT_QP_REQ_ERR: an inbound message broke
-                           // the protocol (opcode, version, QN, MSN, MO, length)
-  kQpAccessError = 3,      // IBV_EVENT_QP_ACCESS_ERR: an inbound message broke
-                           // a protection rule (STag, PD, rights, bounds)
-  kQpLastWqeReached = 16,  // IBV_EVENT_QP_LAST_WQE_REACHED: SRQ QP left the stream
-  kStreamClosed = 0x100,   // not an ibv event: the QP's stream is gone (for the CM)
-};
 
 struct AsyncEvent {
   AsyncEventType type = AsyncEventType::kQpFatal;
@@ -195,15 +184,20 @@ struct QpAttributes {
   std::uint32_t sq_outstanding = 0;  // posted send WRs not yet completed
 };
 
-class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
+// QpForRx and QpForTx (qp_sides.h) are what its receive and transmit sides
+// may do to it; they reach nothing else of it.
+class Qp final : public std::enable_shared_from_this<Qp>,
+                 private PollDriver,
+                 private QpForRx,
+                 private QpForTx {
  public:
   ~Qp() override;
   Qp(const Qp&) = delete;
   Qp& operator=(const Qp&) = delete;
 
-  std::uint32_t qp_num() const { return qp_num_; }
+  std::uint32_t qp_num() const override { return qp_num_; }
   const QpConfig& config() const { return config_; }
-  QpState state() const { return state_.state(); }
+  QpState state() const override { return state_.state(); }
 
   // ibv_post_send for one WR / a list (stops at the first failure; *posted
   // says how many were taken). Transmits inline when the transmit side is
@@ -275,8 +269,6 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
 
  private:
   friend class Engine;
-  friend class QpTx;
-  friend class QpRx;
 
   // PostSend and PostSendAll: queues a prefix of `wrs`, or with
   // all_or_nothing all of them or none.
@@ -306,23 +298,6 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
     std::uint64_t size() const { return tail - head; }
   };
 
-  // What an error path decided; see RaiseError.
-  struct ErrorReport {
-    rdmap::TerminateCause cause;
-    // The Terminate to send; nullopt when none can or should be sent
-    // (connection lost, peer's Terminate received, local abort).
-    std::optional<rdmap::TerminateHeader> terminate;
-    std::optional<AsyncEventType> event;
-    bool peer_terminated = false;  // the peer's Terminate arrived
-    bool abort = false;            // RST instead of FIN (the stream is unusable)
-    // The SQ entry that failed, with its status (Read WR, local WR error).
-    std::optional<std::uint64_t> failed_seq;
-    WcStatus failed_status = WcStatus::kWrFlushErr;
-    // Whether the transmit side is done with that entry, so it may complete
-    // now; otherwise the status is applied when the queue is flushed.
-    bool failed_now = true;
-  };
-
   // Finalization work the progress thread owes this QP (bit set).
   enum FinalizeFlags : std::uint32_t {
     kFinalizeNone = 0,
@@ -333,8 +308,38 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   Qp(Engine* engine, std::uint32_t qp_num, const QpConfig& config,
      std::unique_ptr<ReceiveQueue> own_rq);
 
+  // ---- QpForSide, QpForRx, QpForTx (qp_sides.h says what each does) ----
+  MemoryTable& memory() override;
+  PdId pd() const override { return config_.pd; }
+  stats::QpCounterBlock& counters() override { return counters_; }
+  bool RtrReceived() const override;
+  void EndStream(bool abort) override;
+  std::optional<ReceiveWorkRequest> TakeReceive() override;
+  void CompleteReceive(const WorkCompletion& wc, bool solicited) override;
+  std::optional<OrqEntry> OldestRead() override;
+  void CompleteOldestRead(const OrqEntry& read) override;
+  std::uint32_t ReadRequestsOutstanding() override;
+  void QueueReadRequest(const IrqEntry& request) override;
+  std::optional<std::uint64_t> FindReadByMsn(std::uint32_t msn) override;
+  std::optional<std::uint64_t> FindUnfinishedSendByMsn(std::uint32_t msn) override;
+  std::optional<std::uint64_t> FindUnfinishedWriteByStag(std::uint32_t stag) override;
+  void MarkRtrReceived() override;
+  void OnPeerClosedInOrder() override;
+  bool finalized() const override { return finalized_; }
+  transport::TcpStream* stream() override;
+  std::optional<TxMail> TakeMail() override;
+  std::uint64_t SqHead() override;
+  SqPeek PeekSq(std::uint64_t seq) override;
+  void SetSqMsn(std::uint64_t seq, std::uint32_t msn) override;
+  void MarkSqDone(std::uint64_t seq) override;
+  void PushOrq(const OrqEntry& read) override;
+  std::optional<IrqEntry> TakeReadRequest() override;
+  void ResponsesSent(std::uint32_t count) override;
+  void BeginSendAccounting() override;
+  void EndSendAccounting() override;
+
   // ---- Transmit gate ----
-  void KickTx();
+  void KickTx() override;
   void RunTx(std::uint32_t seen);
   void LockTxExclusive();  // progress thread only
   void UnlockTxExclusive();
@@ -343,11 +348,11 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   // accounting of what it took, so the IRD count read afterwards includes
   // every response the peer can have received. Bounded: the holder is in a
   // non-blocking sendmsg and its bookkeeping, never in a callback.
-  void WaitForSendAccounting() const;
+  void WaitForSendAccounting() const override;
 
   // ---- Completions ----
   // Pushes the completions of finished SQ entries at the head, in order.
-  void RetireSq();
+  void RetireSq() override;
   // Marks every unfinished SQ entry done with WrFlushErr (queue_mutex_ held).
   void FlushSqLocked();
   void PushRecvCompletion(const WorkCompletion& wc, bool solicited);
@@ -359,8 +364,8 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   // any) to the transmit side, marks the failing WR, fires the event and
   // schedules finalization. Returns false if an error was already raised.
   // Any thread; the caller holds no lock.
-  bool RaiseError(const ErrorReport& report);
-  void RecordTerminateReceived(const rdmap::TerminateHeader& header);
+  bool RaiseError(const ErrorReport& report) override;
+  void RecordTerminateReceived(const rdmap::TerminateHeader& header) override;
   // The transmit side is done (Terminate or FIN written, or it gave up):
   // ask the progress thread to finalize.
   void RequestFinalize(std::uint32_t flags);
@@ -382,11 +387,11 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   // peer closed, RX stops read interest (EPOLLIN/EPOLLRDHUP would stay set,
   // level-triggered) but keeps the fd so an orderly drain can still wait for
   // writability; Finalize removes it.
-  bool SetWriteInterest(bool want);
-  void StopPolling();
+  bool SetWriteInterest(bool want) override;
+  void StopPolling() override;
   // A Read of ours waits for its response (the ORQ is not empty).
-  bool ReadsOutstanding() const;
-  void StopReading();
+  bool ReadsOutstanding() const override;
+  void StopReading() override;
 
   void EmitEvent(AsyncEventType type);
 
@@ -478,10 +483,5 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
   AtomicCounters own_counters_;
   AtomicCounters& counters_ = stats_slot_ != nullptr ? stats_slot_->counters : own_counters_;
 };
-
-// Bumps a single-writer counter without a locked instruction.
-inline void CounterAdd(std::atomic<std::uint64_t>& counter, std::uint64_t n) {
-  counter.store(counter.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
-}
 
 }  // namespace siwx::engine

@@ -48,7 +48,7 @@ class StagingLease {
 
 }  // namespace
 
-QpRx::QpRx(Qp& qp) : qp_(qp) {}
+QpRx::QpRx(QpForRx& qp) : qp_(qp) {}
 QpRx::~QpRx() = default;
 
 void QpRx::Start(const StreamParams& params) {
@@ -100,7 +100,7 @@ void QpRx::AbandonMessage(WcStatus status) {
     wc.opcode = WcOpcode::kRecv;
     wc.qp_num = qp_.qp_num();
     recv_wr_.reset();
-    qp_.PushRecvCompletion(wc, false);
+    qp_.CompleteReceive(wc, false);
   }
   send_active_ = false;
   response_active_ = false;
@@ -121,14 +121,14 @@ void QpRx::OnReadable(transport::TcpStream& stream) {
 }
 
 void QpRx::OnReadableTurn(transport::TcpStream& stream) {
-  if (stopped_ || !ProcessesInbound(qp_.state_.state())) {
+  if (stopped_ || !ProcessesInbound(qp_.state())) {
     stopped_ = true;
     Drain(stream);
     return;
   }
   socket_drained_ = false;
   for (int reads = 0; reads < kReadsPerTurn;) {
-    if (!ProcessesInbound(qp_.state_.state())) stopped_ = true;
+    if (!ProcessesInbound(qp_.state())) stopped_ = true;
     if (stopped_) break;
     if (Staged() > 0) {
       if (!ConsumeStaged()) break;
@@ -198,15 +198,15 @@ void QpRx::Drain(transport::TcpStream& stream) {
     }
     // Reset: nothing of ours can reach the peer any more.
     qp_.StopPolling();
-    if (qp_.finalized_) {  // flushed already; only the socket is left
-      qp_.RequestFinalize(Qp::kFinalizeAbort);
+    if (qp_.finalized()) {  // flushed already; only the socket is left
+      qp_.EndStream(/*abort=*/true);
       return;
     }
-    Qp::ErrorReport report;
+    ErrorReport report;
     report.cause = rdmap::TerminateCause::MpaConnectionLost();
     report.event = AsyncEventType::kQpFatal;
     report.abort = true;
-    if (!qp_.RaiseError(report)) qp_.RequestFinalize(Qp::kFinalizeAbort);
+    if (!qp_.RaiseError(report)) qp_.EndStream(/*abort=*/true);
     return;
   }
 }
@@ -242,7 +242,7 @@ QpRx::ReadOutcome QpRx::ReadPayloadDirect(transport::TcpStream& stream,
       parser_->CommitPayload(ByteSpan(static_cast<const std::uint8_t*>(iov_[i].iov_base), n));
       left -= n;
     }
-    CounterAdd(qp_.counters_.rx_direct_payload, placed);
+    CounterAdd(qp_.counters().rx_direct_payload, placed);
     staged_begin_ = 0;
     staged_end_ = r.bytes - placed;
   }
@@ -263,8 +263,8 @@ QpRx::ReadOutcome QpRx::ReadIntoStaging(transport::TcpStream& stream) {
 QpRx::ReadOutcome QpRx::OnReadResult(const transport::IoResult& result) {
   switch (result.status) {
     case transport::IoStatus::kOk:
-      CounterAdd(qp_.counters_.rx_syscalls, 1);
-      CounterAdd(qp_.counters_.rx_octets, result.bytes);
+      CounterAdd(qp_.counters().rx_syscalls, 1);
+      CounterAdd(qp_.counters().rx_octets, result.bytes);
       return ReadOutcome::kProgress;
     case transport::IoStatus::kWouldBlock:
       return ReadOutcome::kWouldBlock;
@@ -324,7 +324,7 @@ bool QpRx::ConsumeStaged() {
             at += iov_[i].iov_len;
           }
           ReleaseRefs();
-          CounterAdd(qp_.counters_.rx_staged_payload, source.size());
+          CounterAdd(qp_.counters().rx_staged_payload, source.size());
         }
         // The CRC over the staged copy is the CRC over the placed octets.
         parser_->CommitPayload(source);
@@ -415,7 +415,7 @@ bool QpRx::CheckRtr(const rdmap::DdpRdmapHeader& h) {
 void QpRx::HeaderSend(const rdmap::DdpRdmapHeader& h) {
   if (!Accepts(CheckSendPosition(h, {send_active_, send_msn_, send_received_}))) return;
   if (!send_active_) {
-    recv_wr_ = qp_.rq_->Take();
+    recv_wr_ = qp_.TakeReceive();
     if (recv_wr_) {
       send_active_ = true;
       send_received_ = 0;
@@ -439,8 +439,8 @@ void QpRx::HeaderSend(const rdmap::DdpRdmapHeader& h) {
 }
 
 void QpRx::HeaderTagged(const rdmap::DdpRdmapHeader& h) {
-  MemoryTable& memory = qp_.engine_->memory();
-  const PdId pd = qp_.config_.pd;
+  MemoryTable& memory = qp_.memory();
+  const PdId pd = qp_.pd();
   if (h.opcode == rdmap::Opcode::kRdmaWrite) {
     if (payload_length_ > 0) {
       const AccessCheckResult check =
@@ -455,15 +455,8 @@ void QpRx::HeaderTagged(const rdmap::DdpRdmapHeader& h) {
 
   // Read Response: for the oldest outstanding Read Request.
   if (!response_active_) {
-    bool have = false;
-    {
-      std::lock_guard lock(qp_.queue_mutex_);
-      if (qp_.orq_ && !qp_.orq_->empty()) {
-        response_ = *qp_.orq_->Front();
-        have = true;
-      }
-    }
-    if (have) {
+    if (const std::optional<OrqEntry> oldest = qp_.OldestRead()) {
+      response_ = *oldest;
       response_active_ = true;
       response_received_ = 0;
     }
@@ -487,19 +480,15 @@ void QpRx::HeaderTagged(const rdmap::DdpRdmapHeader& h) {
 void QpRx::HeaderReadRequest(const rdmap::DdpRdmapHeader& h) {
   if (!Accepts(CheckReadRequest(h, payload_length_, read_msn_))) return;
   const auto& body = std::get<rdmap::ReadRequestBody>(h.body);
-  auto outstanding = [this] {
-    std::lock_guard lock(qp_.queue_mutex_);
-    return qp_.irq_outstanding_;
-  };
-  if (!CheckReadRequestBuffer(outstanding(), params_.ird).accepted()) {
+  if (!CheckReadRequestBuffer(qp_.ReadRequestsOutstanding(), params_.ird).accepted()) {
     // A sendmsg that just handed a response over may not be counted yet.
     qp_.WaitForSendAccounting();
-    if (!Accepts(CheckReadRequestBuffer(outstanding(), params_.ird))) return;
+    if (!Accepts(CheckReadRequestBuffer(qp_.ReadRequestsOutstanding(), params_.ird))) return;
   }
   if (body.read_size > 0) {
     const AccessCheckResult check =
-        qp_.engine_->memory().Check(body.source_stag, qp_.config_.pd, AccessKind::kRemoteRead,
-                                    body.source_to, body.read_size);
+        qp_.memory().Check(body.source_stag, qp_.pd(), AccessKind::kRemoteRead,
+                           body.source_to, body.read_size);
     if (!Accepts(CheckReadSource(check.status))) return;
   }
   segment_ = Segment::kReadRequest;
@@ -522,7 +511,7 @@ void QpRx::HeaderTerminate(const rdmap::DdpRdmapHeader& h) {
 // ---- Completing segments ----
 
 void QpRx::OnFpduComplete() {
-  CounterAdd(qp_.counters_.rx_fpdus, 1);
+  CounterAdd(qp_.counters().rx_fpdus, 1);
   last_fpdu_large_ = payload_length_ >= kDirectPlacementMin;
   if (pending_) {
     const PendingError error = *pending_;
@@ -551,8 +540,7 @@ void QpRx::OnFpduComplete() {
       if (header_.opcode == rdmap::Opcode::kRdmaReadRequest) {
         CompleteReadRequest();  // answered with a zero-length Read Response
       }
-      qp_.rtr_received_.store(true, std::memory_order_release);
-      qp_.KickTx();
+      qp_.MarkRtrReceived();
       break;
     }
     case Segment::kWrite:
@@ -563,10 +551,7 @@ void QpRx::OnFpduComplete() {
   segment_ = Segment::kNone;
   // RFC 5044 7.1.2 rule 4: a responder sends once one FPDU has arrived and
   // been validated (with an RTR, the RTR did it above).
-  if (!stopped_ && !awaiting_rtr_ && !qp_.rtr_received_.load(std::memory_order_relaxed)) {
-    qp_.rtr_received_.store(true, std::memory_order_release);
-    qp_.KickTx();
-  }
+  if (!stopped_ && !awaiting_rtr_ && !qp_.RtrReceived()) qp_.MarkRtrReceived();
 }
 
 void QpRx::CompleteSend() {
@@ -583,7 +568,7 @@ void QpRx::CompleteSend() {
     // with the STag Cannot be Invalidated Terminate Error Code". Memory
     // regions are shared by all streams of the PD (memory.h), so a peer
     // cannot invalidate them (RFC 5040 8.1.1 rule 7).
-    if (qp_.engine_->memory().InvalidateRemote(header_.invalidate_stag, qp_.config_.pd) !=
+    if (qp_.memory().InvalidateRemote(header_.invalidate_stag, qp_.pd()) !=
         InvalidateStatus::kOk) {
       Raise({rdmap::TerminateCause::RdmapStagCannotBeInvalidated(), true,
              WcStatus::kRemInvReqErr});
@@ -597,25 +582,13 @@ void QpRx::CompleteSend() {
   recv_wr_.reset();
   send_active_ = false;
   ++send_msn_;
-  qp_.PushRecvCompletion(wc, solicited);
+  qp_.CompleteReceive(wc, solicited);
 }
 
 void QpRx::CompleteReadResponse() {
   response_active_ = false;
-  {
-    std::lock_guard lock(qp_.queue_mutex_);
-    if (qp_.orq_ && !qp_.orq_->empty()) qp_.orq_->Pop();
-    if (!response_.rtr) {
-      // A Read completes when its last octet is placed (RFC 5040 5.5).
-      Qp::SqEntry& entry = qp_.sq_.At(response_.seq);
-      if (!entry.done) {
-        entry.done = true;
-        entry.status = WcStatus::kSuccess;
-      }
-    }
-  }
-  if (!response_.rtr) qp_.RetireSq();
-  qp_.KickTx();  // an ORD slot or a fence may have opened
+  // A Read completes when its last octet is placed (RFC 5040 5.5).
+  qp_.CompleteOldestRead(response_);
 }
 
 void QpRx::CompleteReadRequest() {
@@ -628,11 +601,7 @@ void QpRx::CompleteReadRequest() {
     entry.source_to = body->source_to;
     entry.size = body->read_size;
   }
-  {
-    std::lock_guard lock(qp_.queue_mutex_);
-    qp_.irq_->Push(entry);
-    ++qp_.irq_outstanding_;
-  }
+  qp_.QueueReadRequest(entry);
   ++read_msn_;
   responses_owed_ = true;  // kicked after this read is processed
 }
@@ -646,7 +615,7 @@ void QpRx::CompleteTerminate() {
   const rdmap::TerminateHeader& t = decoded.header;
   qp_.RecordTerminateReceived(t);
 
-  Qp::ErrorReport report;
+  ErrorReport report;
   report.cause = t.cause;
   report.peer_terminated = true;
   report.event = AsyncEventType::kQpFatal;
@@ -654,37 +623,21 @@ void QpRx::CompleteTerminate() {
   // Which of our WRs the peer's copy of our header names, if still open.
   const ByteSpan copy = t.DdpHeaderCopy();
   if (t.d && copy.size() >= rdmap::kDdpTaggedHeaderSize) {
-    std::lock_guard lock(qp_.queue_mutex_);
     const bool tagged = (copy[0] & rdmap::kDdpTaggedFlag) != 0;
     if (!tagged && copy.size() >= rdmap::kDdpUntaggedHeaderSize) {
       const std::uint32_t qn = LoadBe32(copy.data() + 6);
       const std::uint32_t msn = LoadBe32(copy.data() + 10);
-      if (qn == rdmap::kQnReadRequest && qp_.orq_) {
-        for (std::uint32_t i = 0; i < qp_.orq_->size(); ++i) {
-          const OrqEntry& e = qp_.orq_->At(i);
-          if (e.msn == msn && !e.rtr) report.failed_seq = e.seq;
-        }
+      if (qn == rdmap::kQnReadRequest) {
+        report.failed_seq = qp_.FindReadByMsn(msn);
       } else if (qn == rdmap::kQnSend) {
         // A Send not fully sent yet: the transmit side may still be on it,
         // so its status waits for the flush.
-        for (std::uint64_t seq = qp_.sq_.head; seq != qp_.sq_.tail; ++seq) {
-          const Qp::SqEntry& e = qp_.sq_.At(seq);
-          if (!e.done && e.wr.IsSend() && e.msn == msn) {
-            report.failed_seq = seq;
-            report.failed_now = false;
-          }
-        }
+        report.failed_seq = qp_.FindUnfinishedSendByMsn(msn);
+        if (report.failed_seq) report.failed_now = false;
       }
     } else if (tagged) {
-      const std::uint32_t stag = LoadBe32(copy.data() + 2);
-      for (std::uint64_t seq = qp_.sq_.head; seq != qp_.sq_.tail; ++seq) {
-        const Qp::SqEntry& e = qp_.sq_.At(seq);
-        if (!e.done && e.wr.opcode == SendOpcode::kRdmaWrite && e.wr.rkey == stag) {
-          report.failed_seq = seq;
-          report.failed_now = false;
-          break;
-        }
-      }
+      report.failed_seq = qp_.FindUnfinishedWriteByStag(LoadBe32(copy.data() + 2));
+      if (report.failed_seq) report.failed_now = false;
     }
   }
   stopped_ = true;
@@ -695,7 +648,7 @@ void QpRx::CompleteTerminate() {
 // ---- Errors ----
 
 void QpRx::Raise(const PendingError& error) {
-  Qp::ErrorReport report;
+  ErrorReport report;
   report.cause = error.cause;
   report.terminate =
       error.copy_header
@@ -735,19 +688,9 @@ void QpRx::OnPeerClosed() {
     return;
   }
   stopped_ = true;
-  qp_.peer_closed_gracefully_.store(true);
   // An orderly close at a message boundary: send what was posted, then FIN;
   // the QP goes to ERR (qp_state.h kPeerClosing).
-  const TransitionResult t = qp_.state_.Handle(QpEvent::kPeerClosing);
-  if (t.status == QpStatus::kOk) {
-    {
-      std::lock_guard lock(qp_.queue_mutex_);
-      qp_.tx_close_ = TxClose::kGraceful;
-      qp_.tx_mail_.store(true, std::memory_order_release);
-    }
-    qp_.ArmTeardown();
-    qp_.KickTx();
-  }
+  qp_.OnPeerClosedInOrder();
 }
 
 void QpRx::OnLlpFailure(int error) {
@@ -758,7 +701,7 @@ void QpRx::OnLlpFailure(int error) {
   stopped_ = true;
   ReleaseRefs();
   AbandonMessage(WcStatus::kWrFlushErr);
-  Qp::ErrorReport report;
+  ErrorReport report;
   report.cause = rdmap::TerminateCause::MpaConnectionLost();
   report.event = AsyncEventType::kQpFatal;
   report.abort = true;
@@ -799,8 +742,8 @@ void QpRx::PlacementFaulted() {
 std::optional<std::size_t> QpRx::MapTarget(std::uint64_t offset, std::size_t length,
                                            AccessStatus& failure) {
   ReleaseRefs();
-  MemoryTable& memory = qp_.engine_->memory();
-  const PdId pd = qp_.config_.pd;
+  MemoryTable& memory = qp_.memory();
+  const PdId pd = qp_.pd();
   switch (segment_) {
     case Segment::kWrite:
     case Segment::kReadResponse: {

@@ -63,6 +63,7 @@
 #include "common/engine/access.h"
 #include "common/engine/completion.h"
 #include "common/engine/memory.h"
+#include "common/engine/qp_sides.h"
 #include "common/engine/rx_checks.h"
 #include "common/engine/stream_params.h"
 #include "common/engine/tx.h"
@@ -74,8 +75,6 @@
 
 namespace siwx::engine {
 
-class Qp;
-
 class QpRx {
  public:
   // One recvmsg into the staging buffer fetches up to this much of the
@@ -86,7 +85,7 @@ class QpRx {
   // around it. Both measured (docs/performance-notes.md 2).
   static constexpr std::size_t kDirectPlacementMin = 12 * 1024;
 
-  explicit QpRx(Qp& qp);
+  explicit QpRx(QpForRx& qp);
   ~QpRx();
   QpRx(const QpRx&) = delete;
   QpRx& operator=(const QpRx&) = delete;
@@ -179,7 +178,7 @@ class QpRx {
   std::size_t TailGuess() const;
   std::size_t Staged() const { return staged_end_ - staged_begin_; }
 
-  Qp& qp_;
+  QpForRx& qp_;
   bool started_ = false;
   bool stopped_ = false;  // an error was raised, or the stream is over: drop input
   bool eof_ = false;

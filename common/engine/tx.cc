@@ -41,7 +41,7 @@ rdmap::Opcode SendOpcodeOnWire(const SendWorkRequest& wr) {
 
 }  // namespace
 
-QpTx::QpTx(Qp& qp) : qp_(qp) {}
+QpTx::QpTx(QpForTx& qp) : qp_(qp) {}
 QpTx::~QpTx() = default;
 
 void QpTx::Start(const StreamParams& params, std::size_t max_ulpdu) {
@@ -68,12 +68,9 @@ void QpTx::Start(const StreamParams& params, std::size_t max_ulpdu) {
   terminate_.reset();
   terminate_framed_ = false;
   fin_sent_ = false;
-  {
-    std::lock_guard lock(qp_.queue_mutex_);
-    // From the head: WRs queued in RTR before the stream (out-of-band
-    // connect) go first. Otherwise the SQ is empty here (head == tail).
-    tx_seq_ = qp_.sq_.head;
-  }
+  // From the head: WRs queued in RTR before the stream (out-of-band
+  // connect) go first. Otherwise the SQ is empty here (head == tail).
+  tx_seq_ = qp_.SqHead();
   started_ = true;
 }
 
@@ -90,7 +87,7 @@ void QpTx::Stop() {
 }
 
 bool QpTx::Pump() {
-  if (!started_ || mode_ == Mode::kDone || !qp_.stream_) return false;
+  if (!started_ || mode_ == Mode::kDone || qp_.stream() == nullptr) return false;
   std::size_t budget = kPumpBudget;
   bool more = false;
   for (;;) {
@@ -118,17 +115,10 @@ bool QpTx::Pump() {
 }
 
 void QpTx::CheckMailbox() {
-  if (!qp_.tx_mail_.load(std::memory_order_acquire)) return;
-  std::optional<rdmap::TerminateHeader> terminate;
-  TxClose close;
-  {
-    std::lock_guard lock(qp_.queue_mutex_);
-    terminate = std::move(qp_.tx_terminate_);
-    qp_.tx_terminate_.reset();
-    close = qp_.tx_close_;
-    qp_.tx_close_ = TxClose::kNone;
-    qp_.tx_mail_.store(false, std::memory_order_relaxed);
-  }
+  std::optional<TxMail> mail = qp_.TakeMail();
+  if (!mail) return;
+  std::optional<rdmap::TerminateHeader> terminate = std::move(mail->terminate);
+  const TxClose close = mail->close;
   if (mode_ == Mode::kDone || mode_ == Mode::kTerminating) return;
   if (terminate) {
     // The Terminate follows what is already framed (FPDUs are never cut),
@@ -163,7 +153,7 @@ void QpTx::Fill() {
 bool QpTx::StartNextMessage() {
   // RTS starts messages; a graceful close (SQD/Closing) still sends what was
   // posted before it.
-  const QpState state = qp_.state_.state();
+  const QpState state = qp_.state();
   if (!ProcessesSendQueue(state) && !(mode_ == Mode::kDraining && state == QpState::kClosing)) {
     return false;
   }
@@ -172,7 +162,7 @@ bool QpTx::StartNextMessage() {
     return true;
   }
   // RFC 6581 7.1: the side that waits for the RTR sends nothing before it.
-  if (!qp_.rtr_received_.load(std::memory_order_acquire)) return false;
+  if (!qp_.RtrReceived()) return false;
   for (int attempt = 0; attempt < 2; ++attempt) {
     const bool response = response_turn_ == (attempt == 0);
     if (response ? StartResponse() : StartSqMessage()) {
@@ -184,13 +174,9 @@ bool QpTx::StartNextMessage() {
 }
 
 bool QpTx::StartResponse() {
-  IrqEntry entry;
-  {
-    std::lock_guard lock(qp_.queue_mutex_);
-    if (!qp_.irq_ || qp_.irq_->empty()) return false;
-    entry = *qp_.irq_->Front();
-    qp_.irq_->Pop();
-  }
+  const std::optional<IrqEntry> request = qp_.TakeReadRequest();
+  if (!request) return false;
+  const IrqEntry& entry = *request;
   cur_ = Message{};
   cur_.kind = MessageKind::kResponse;
   cur_.response = entry;
@@ -199,23 +185,18 @@ bool QpTx::StartResponse() {
 }
 
 bool QpTx::StartSqMessage() {
-  const SendWorkRequest* wr = nullptr;
   const std::uint64_t seq = tx_seq_;
-  std::size_t orq_size = 0;
-  {
-    std::lock_guard lock(qp_.queue_mutex_);
-    if (seq == qp_.sq_.tail) return false;
-    // Posted in a flush state: never started, flushed at finalization.
-    if (qp_.sq_.At(seq).flush_only) return false;
-    // Stable until the entry completes, which needs it to be started first.
-    wr = &qp_.sq_.At(seq).wr;
-    orq_size = qp_.orq_ ? qp_.orq_->size() : 0;
-  }
+  // Null at the tail, or posted in a flush state: never started, flushed
+  // at finalization.
+  const SqPeek peek = qp_.PeekSq(seq);
+  if (peek.wr == nullptr) return false;
+  const SendWorkRequest* wr = peek.wr;
+  const std::size_t orq_size = peek.reads_outstanding;
   // A fenced WR waits for every earlier RDMA Read to complete.
   if ((wr->flags & kSendFence) != 0 && orq_size > 0) return false;
 
-  MemoryTable& memory = qp_.engine_->memory();
-  const PdId pd = qp_.config_.pd;
+  MemoryTable& memory = qp_.memory();
+  const PdId pd = qp_.pd();
   switch (wr->opcode) {
     case SendOpcode::kLocalInvalidate: {
       ++tx_seq_;
@@ -223,10 +204,7 @@ bool QpTx::StartSqMessage() {
         FailSq(seq, WcStatus::kLocProtErr);
         return true;
       }
-      {
-        std::lock_guard lock(qp_.queue_mutex_);
-        qp_.sq_.At(seq).done = true;
-      }
+      qp_.MarkSqDone(seq);
       qp_.RetireSq();
       return true;
     }
@@ -278,8 +256,7 @@ bool QpTx::StartSqMessage() {
   cur_.total = total;
   if (wr->IsSend()) {
     cur_.msn = send_msn_++;
-    std::lock_guard lock(qp_.queue_mutex_);
-    qp_.sq_.At(seq).msn = cur_.msn;
+    qp_.SetSqMsn(seq, cur_.msn);
   }
   return true;
 }
@@ -305,7 +282,7 @@ bool QpTx::FrameInto(Slot& slot, std::size_t header_length, std::span<const Byte
   if (status != mpa::FrameStatus::kOk) {
     // Segments are sized to fit; this is an engine bug, not a peer's.
     for (std::size_t i = 0; i < slot.source_count; ++i) slot.refs[i].Release();
-    Qp::ErrorReport report;
+    ErrorReport report;
     report.cause = rdmap::TerminateCause::RdmapLocalCatastrophic();
     report.event = AsyncEventType::kQpFatal;
     report.abort = true;
@@ -323,8 +300,8 @@ bool QpTx::GatherPayload(Slot& slot, std::uint64_t offset, std::size_t length,
   piece_count = 0;
   slot.source_count = 0;
   if (length == 0) return true;
-  MemoryTable& memory = qp_.engine_->memory();
-  const PdId pd = qp_.config_.pd;
+  MemoryTable& memory = qp_.memory();
+  const PdId pd = qp_.pd();
   auto add = [&](std::uint32_t stag, std::uint64_t to, std::size_t n, AccessKind kind) {
     AccessCheckResult check = memory.Check(stag, pd, kind, to, n);
     if (!check.ok()) {
@@ -456,8 +433,7 @@ void QpTx::FrameRtr() {
       OrqEntry entry;
       entry.msn = header.msn;
       entry.rtr = true;
-      std::lock_guard lock(qp_.queue_mutex_);
-      qp_.orq_->Push(entry);
+      qp_.PushOrq(entry);
       break;
     }
   }
@@ -483,15 +459,13 @@ void QpTx::FrameReadRequest(const SendWorkRequest& wr, std::uint64_t seq) {
   header.body = body;
   {
     // In the ORQ before it can be on the wire, so its response always finds it.
-    std::lock_guard lock(qp_.queue_mutex_);
     OrqEntry entry;
     entry.seq = seq;
     entry.msn = header.msn;
     entry.sink_stag = body.sink_stag;
     entry.sink_to = body.sink_to;
     entry.size = body.read_size;
-    qp_.orq_->Push(entry);
-    qp_.sq_.At(seq).msn = header.msn;
+    qp_.PushOrq(entry);
   }
   slot.role = Role::kReadRequest;
   slot.seq = seq;
@@ -534,10 +508,10 @@ void QpTx::StageResponsePayload(Slot& slot, std::array<ByteSpan, kMaxSge>& piece
 
 bool QpTx::AcquireRefs(Slot& slot, AccessStatus& failure) {
   if (slot.refs_held || slot.source_count == 0) return true;
-  MemoryTable& memory = qp_.engine_->memory();
+  MemoryTable& memory = qp_.memory();
   for (std::size_t i = 0; i < slot.source_count; ++i) {
     const Source& s = slot.sources[i];
-    AccessCheckResult check = memory.Check(s.stag, qp_.config_.pd, slot.source_kind, s.to, s.length);
+    AccessCheckResult check = memory.Check(s.stag, qp_.pd(), slot.source_kind, s.to, s.length);
     if (!check.ok()) {
       for (std::size_t j = 0; j < i; ++j) slot.refs[j].Release();
       failure = check.status;
@@ -611,18 +585,18 @@ bool QpTx::Write(std::size_t& budget) {
   // From before sendmsg until its octets are accounted, the receive side
   // must not judge the peer's Read Requests against the IRD count (Qp::
   // WaitForSendAccounting): a response may be on its way already.
-  qp_.send_accounting_.store(true, std::memory_order_seq_cst);
+  qp_.BeginSendAccounting();
   const transport::IoResult result =
-      qp_.stream_->WriteV(std::span<const iovec>(iov.data(), count));
+      qp_.stream()->WriteV(std::span<const iovec>(iov.data(), count));
   bool sq_done = false;
   if (result.status == transport::IoStatus::kOk) sq_done = Advance(result.bytes);
-  qp_.send_accounting_.store(false, std::memory_order_release);
+  qp_.EndSendAccounting();
   // Completions run callbacks, which may drive the receive side.
   if (sq_done) qp_.RetireSq();
   switch (result.status) {
     case transport::IoStatus::kOk:
-      CounterAdd(qp_.counters_.tx_syscalls, 1);
-      CounterAdd(qp_.counters_.tx_octets, result.bytes);
+      CounterAdd(qp_.counters().tx_syscalls, 1);
+      CounterAdd(qp_.counters().tx_octets, result.bytes);
       budget -= std::min(budget, result.bytes);
       if (result.bytes == total) return true;
       break;  // the socket is full
@@ -634,7 +608,7 @@ bool QpTx::Write(std::size_t& budget) {
       return false;
     }
   }
-  CounterAdd(qp_.counters_.tx_would_block, 1);
+  CounterAdd(qp_.counters().tx_would_block, 1);
   if (!qp_.SetWriteInterest(true)) {
     // The poller dropped the socket (the peer closed): nobody would tell us
     // when it drains, so give up on it.
@@ -644,12 +618,12 @@ bool QpTx::Write(std::size_t& budget) {
 }
 
 void QpTx::AbortStream(const rdmap::TerminateCause& cause) {
-  Qp::ErrorReport report;
+  ErrorReport report;
   report.cause = cause;
   report.event = AsyncEventType::kQpFatal;
   report.abort = true;
   ReleaseRefs();
-  if (!qp_.RaiseError(report)) qp_.RequestFinalize(Qp::kFinalizeAbort);
+  if (!qp_.RaiseError(report)) qp_.EndStream(/*abort=*/true);
   mode_ = Mode::kDone;
 }
 
@@ -666,15 +640,10 @@ bool QpTx::Advance(std::size_t octets) {
     if (slot.sent < slot.frame.wire_length()) break;
     for (std::size_t i = 0; i < slot.source_count; ++i) slot.refs[i].Release();
     slot.refs_held = false;
-    CounterAdd(qp_.counters_.tx_fpdus, 1);
+    CounterAdd(qp_.counters().tx_fpdus, 1);
     if (slot.role == Role::kSqSegment && slot.last) {
       // A Send or Write completes once TCP has taken all of it (RFC 5040 5.5).
-      std::lock_guard lock(qp_.queue_mutex_);
-      Qp::SqEntry& entry = qp_.sq_.At(slot.seq);
-      if (!entry.done) {
-        entry.done = true;
-        entry.status = WcStatus::kSuccess;
-      }
+      qp_.MarkSqDone(slot.seq);
       sq_done = true;
     }
     if (slot.role == Role::kResponseSegment && slot.last) ++responses_sent;
@@ -684,8 +653,7 @@ bool QpTx::Advance(std::size_t octets) {
   if (responses_sent > 0) {
     // The kernel has every octet of these responses: their requests no
     // longer count against the IRD (RFC 5040 5.2.2, QN 1 buffers).
-    std::lock_guard lock(qp_.queue_mutex_);
-    qp_.irq_outstanding_ -= std::min(qp_.irq_outstanding_, responses_sent);
+    qp_.ResponsesSent(responses_sent);
   }
   return sq_done;
 }
@@ -694,7 +662,7 @@ void QpTx::FailSq(std::uint64_t seq, WcStatus status) {
   // A local error on a WR moves the QP to ERR; the peer learns of it from a
   // Local Catastrophic Terminate (RFC 5040 7.1 rule 1, not tied to an
   // incoming message).
-  Qp::ErrorReport report;
+  ErrorReport report;
   report.cause = rdmap::TerminateCause::RdmapLocalCatastrophic();
   report.terminate = rdmap::MakeTerminate(report.cause);
   report.failed_seq = seq;
@@ -706,7 +674,7 @@ void QpTx::FailSq(std::uint64_t seq, WcStatus status) {
 void QpTx::FailResponse(AccessStatus status) {
   // The source of a Read we accepted stopped being readable (deregistered
   // or invalidated meanwhile): the Read fails as if checked now.
-  Qp::ErrorReport report;
+  ErrorReport report;
   report.cause = ReadSourceCause(status);
   report.terminate = rdmap::MakeTerminate(report.cause);
   report.event = AsyncEventType::kQpAccessError;
@@ -717,11 +685,11 @@ void QpTx::FailResponse(AccessStatus status) {
 void QpTx::FinishWinding() {
   // The Terminate (if any) and everything before it is out: FIN (RFC 5040
   // 7.1: the stream is closed after the Terminate).
-  qp_.stream_->ShutdownWrite();
+  qp_.stream()->ShutdownWrite();
   fin_sent_ = true;
   mode_ = Mode::kDone;
   qp_.SetWriteInterest(false);
-  qp_.RequestFinalize(Qp::kFinalizeNone);
+  qp_.EndStream(/*abort=*/false);
 }
 
 std::size_t QpTx::AppendUnsent(const Slot& slot, std::span<iovec> iov, std::size_t& count) {
@@ -743,7 +711,7 @@ std::size_t QpTx::AppendUnsent(const Slot& slot, std::span<iovec> iov, std::size
 }
 
 bool QpTx::FinishStartedFpdu() {
-  if (!started_ || !slots_ || in_flight_ == 0 || !qp_.stream_) return true;
+  if (!started_ || !slots_ || in_flight_ == 0 || qp_.stream() == nullptr) return true;
   Slot& slot = *slots_[first_];
   if (slot.sent == 0) return true;
   AccessStatus failure = AccessStatus::kOk;
@@ -753,10 +721,10 @@ bool QpTx::FinishStartedFpdu() {
   for (int attempt = 0; attempt < kTries && slot.sent < slot.frame.wire_length(); ++attempt) {
     std::size_t count = 0;
     AppendUnsent(slot, iov, count);
-    const transport::IoResult result = qp_.stream_->WriteV(iov.first(count));
+    const transport::IoResult result = qp_.stream()->WriteV(iov.first(count));
     if (result.status != transport::IoStatus::kOk) break;
     slot.sent += result.bytes;
-    CounterAdd(qp_.counters_.tx_octets, result.bytes);
+    CounterAdd(qp_.counters().tx_octets, result.bytes);
   }
   for (std::size_t i = 0; i < slot.source_count; ++i) slot.refs[i].Release();
   slot.refs_held = false;

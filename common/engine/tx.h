@@ -48,6 +48,7 @@
 #include "common/engine/access.h"
 #include "common/engine/completion.h"
 #include "common/engine/memory.h"
+#include "common/engine/qp_sides.h"
 #include "common/engine/stream_params.h"
 #include "common/engine/work_request.h"
 #include "common/wire/ddp_rdmap.h"
@@ -56,40 +57,9 @@
 
 namespace siwx::engine {
 
-class Qp;
-
-// A Read Request we sent whose response has not fully arrived (the ORQ,
-// RFC 5040 5.2). Written by the transmit side, consumed by the receive side.
-struct OrqEntry {
-  std::uint64_t seq = 0;        // SQ sequence number of the Read WR
-  std::uint32_t msn = 0;        // QN 1 MSN the Read Request carried
-  std::uint32_t sink_stag = 0;  // where the response must be placed
-  std::uint64_t sink_to = 0;
-  std::uint32_t size = 0;
-  bool rtr = false;             // our zero-length RTR Read; no WR behind it
-};
-
-// A Read Request the peer sent, waiting for its response (the IRQ).
-// Written by the receive side after validation, consumed by the transmit side.
-struct IrqEntry {
-  std::uint32_t sink_stag = 0;
-  std::uint64_t sink_to = 0;
-  std::uint32_t source_stag = 0;
-  std::uint64_t source_to = 0;
-  std::uint32_t size = 0;
-};
-
-// How the transmit side should wind down (posted by other threads through
-// the QP's mailbox).
-enum class TxClose : std::uint8_t {
-  kNone = 0,
-  kGraceful,  // send what was posted before the close, then FIN (Disconnect, peer FIN)
-  kStop,      // abandon the message in progress, FIN (the peer's Terminate)
-};
-
 class QpTx {
  public:
-  explicit QpTx(Qp& qp);
+  explicit QpTx(QpForTx& qp);
   ~QpTx();
   QpTx(const QpTx&) = delete;
   QpTx& operator=(const QpTx&) = delete;
@@ -206,7 +176,7 @@ class QpTx {
   void FinishWinding();
   void ResetFramerAtSentPosition();
 
-  Qp& qp_;
+  QpForTx& qp_;
   bool started_ = false;
   bool fin_sent_ = false;
   Mode mode_ = Mode::kOpen;
