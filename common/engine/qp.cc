@@ -256,16 +256,7 @@ std::optional<std::uint64_t> Qp::FindUnfinishedWriteByStag(std::uint32_t stag) {
 
 void Qp::OnPeerClosedInOrder() {
   peer_closed_gracefully_.store(true);
-  const TransitionResult t = state_.Handle(QpEvent::kPeerClosing);
-  if (t.status == QpStatus::kOk) {
-    {
-      std::lock_guard lock(queue_mutex_);
-      tx_close_ = TxClose::kGraceful;
-      tx_mail_.store(true, std::memory_order_release);
-    }
-    ArmTeardown();
-    KickTx();
-  }
+  Transition(QpEvent::kPeerClosing);
 }
 
 transport::TcpStream* Qp::stream() {
@@ -499,27 +490,45 @@ QpStatus Qp::Modify(QpState target, std::optional<QpState> expected_current) {
   if (t.from == QpState::kError && t.to == QpState::kError && receives_held_.exchange(false)) {
     engine_->Submit({Engine::CommandKind::kFlushReceives, shared_from_this(), 0});
   }
-  if ((t.actions & kQpActionCloseLlp) != 0) {
+  TransitionEffects effects;
+  effects.wait_for_finalize = true;
+  ApplyTransition(t, effects);
+  return QpStatus::kOk;
+}
+
+TransitionResult Qp::Transition(QpEvent event, const TransitionEffects& effects) {
+  const TransitionResult t = state_.Handle(event);
+  ApplyTransition(t, effects);
+  return t;
+}
+
+void Qp::ApplyTransition(const TransitionResult& t, const TransitionEffects& effects) {
+  const std::uint32_t actions =
+      (t.status == QpStatus::kOk ? t.actions : kQpActionNone) | effects.always;
+  if ((actions & kQpActionCloseLlp) != 0) {
     {
       std::lock_guard lock(queue_mutex_);
-      tx_close_ = TxClose::kGraceful;
+      if (effects.terminate) {
+        tx_terminate_ = effects.terminate;
+      } else {
+        tx_close_ = effects.close;
+      }
       tx_mail_.store(true, std::memory_order_release);
     }
     ArmTeardown();
     KickTx();
   }
-  if ((t.actions & (kQpActionFlushQueues | kQpActionDiscardQueues)) != 0) {
+  if ((actions & (kQpActionFlushQueues | kQpActionDiscardQueues)) != 0 && !effects.finalizing) {
     std::uint32_t flags = kFinalizeNone;
-    if ((t.actions & kQpActionAbortLlp) != 0) flags |= kFinalizeAbort;
-    if ((t.actions & kQpActionDiscardQueues) != 0) flags |= kFinalizeDiscard | kFinalizeAbort;
+    if ((actions & kQpActionAbortLlp) != 0) flags |= kFinalizeAbort;
+    if ((actions & kQpActionDiscardQueues) != 0) flags |= kFinalizeDiscard | kFinalizeAbort;
     Engine::Command command{Engine::CommandKind::kFinalize, shared_from_this(), flags};
-    if (InsideEngineTurn()) {
-      engine_->Submit(std::move(command));
-    } else {
+    if (effects.wait_for_finalize && !InsideEngineTurn()) {
       engine_->SubmitAndWait(std::move(command));
+    } else {
+      engine_->Submit(std::move(command));
     }
   }
-  return QpStatus::kOk;
 }
 
 BindStatus Qp::Bind(std::unique_ptr<transport::TcpStream> stream, const StreamParams& params) {
@@ -566,7 +575,7 @@ BindStatus Qp::Bind(std::unique_ptr<transport::TcpStream> stream, const StreamPa
   LockTxExclusive();
   tx_.Start(params, max_ulpdu);
   UnlockTxExclusive();
-  const TransitionResult t = state_.Handle(QpEvent::kConnectionEstablished);
+  const TransitionResult t = Transition(QpEvent::kConnectionEstablished);
   if (t.status != QpStatus::kOk) {
     LockTxExclusive();
     tx_.Stop();
@@ -739,27 +748,20 @@ bool Qp::RaiseError(const ErrorReport& report) {
       }
     }
   }
+  // The stream ends whatever state it is in (a racing Modify or close may
+  // have moved it already): with our Terminate, after the peer's, or RST.
+  TransitionEffects effects;
   if (report.terminate && !report.abort) {
-    state_.Handle(QpEvent::kTerminateSent);
-    {
-      std::lock_guard lock(queue_mutex_);
-      tx_terminate_ = report.terminate;
-      tx_mail_.store(true, std::memory_order_release);
-    }
-    ArmTeardown();
-    KickTx();
+    effects.terminate = report.terminate;
+    effects.always = kQpActionCloseLlp;
+    Transition(QpEvent::kTerminateSent, effects);
   } else if (report.peer_terminated && !report.abort) {
-    state_.Handle(QpEvent::kTerminateReceived);
-    {
-      std::lock_guard lock(queue_mutex_);
-      tx_close_ = TxClose::kStop;
-      tx_mail_.store(true, std::memory_order_release);
-    }
-    ArmTeardown();
-    KickTx();
+    effects.close = TxClose::kStop;
+    effects.always = kQpActionCloseLlp;
+    Transition(QpEvent::kTerminateReceived, effects);
   } else {
-    state_.Handle(QpEvent::kLocalError);
-    RequestFinalize(kFinalizeAbort);
+    effects.always = kQpActionFlushQueues | kQpActionAbortLlp;
+    Transition(QpEvent::kLocalError, effects);
   }
   if (report.event) EmitEvent(*report.event);
   if (report.failed_seq) RetireSq();
@@ -879,7 +881,9 @@ void Qp::Finalize(std::uint32_t flags) {
     rx_.Stop();
   } else {
     rx_.AbandonMessage(WcStatus::kWrFlushErr);
-    state_.Handle(QpEvent::kLlpClosed);
+    TransitionEffects effects;
+    effects.finalizing = true;  // this is the flush
+    Transition(QpEvent::kLlpClosed, effects);
   }
   {
     std::lock_guard lock(queue_mutex_);

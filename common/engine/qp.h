@@ -359,6 +359,34 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // Counts an unsuccessful completion in the stats slot.
   void CountCompletion(WcStatus status);
 
+  // ---- State ----
+  // How a transition's actions are carried out, beyond what the table says.
+  struct TransitionEffects {
+    // kQpActionCloseLlp: the transmit side sends this Terminate last, then
+    // FIN; without one it winds down as `close` says.
+    std::optional<rdmap::TerminateHeader> terminate;
+    TxClose close = TxClose::kGraceful;
+    // Flush/Discard: wait for the progress thread's finalization (unless
+    // inside an engine turn, where that could deadlock), or only ask for it.
+    bool wait_for_finalize = false;
+    // The caller is the finalization (the flush itself): nothing to ask for.
+    bool finalizing = false;
+    // Carried out even when the event changed nothing: an error path ends
+    // the stream it found whatever state a racing Modify or close left.
+    std::uint32_t always = kQpActionNone;
+  };
+  // Moves the state by `event` and carries out the transition's actions.
+  TransitionResult Transition(QpEvent event, const TransitionEffects& effects);
+  TransitionResult Transition(QpEvent event) { return Transition(event, TransitionEffects()); }
+  // The one place that carries out a transition's actions (qp_state.h):
+  //  - kQpActionCloseLlp: the mailbox tells the transmit side how to wind
+  //    down (queue_mutex_), the teardown bound starts, the transmit side
+  //    gets a turn;
+  //  - kQpActionFlushQueues / kQpActionDiscardQueues: the progress thread
+  //    finalizes the QP (Finalize), with RST for kQpActionAbortLlp.
+  // Any thread; the caller holds no lock.
+  void ApplyTransition(const TransitionResult& t, const TransitionEffects& effects);
+
   // ---- Errors ----
   // First error wins: records it, moves the state, hands the Terminate (if
   // any) to the transmit side, marks the failing WR, fires the event and

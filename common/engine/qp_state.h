@@ -37,7 +37,8 @@
 // also what the Linux iWARP drivers do.
 //
 // Each transition lists the actions the engine must carry out (TransitionResult
-// ::actions); the state machine itself does no I/O.
+// ::actions); the state machine itself does no I/O. Qp::ApplyTransition is
+// the one place that carries them out.
 //
 // Threading: QpStateMachine keeps the state in one atomic and changes it by
 // compare-and-swap, so modifies (application threads) and events (progress
