@@ -5,15 +5,19 @@
 //
 // The progress thread blocks in epoll_wait on every bound QP's socket and on
 // a Doorbell (eventfd); it never busy-polls (docs/performance-notes.md 3:
-// spinning engine threads destroy latency on a 2-vCPU host). It does the
-// receive processing (so an RDMA Write target makes progress while its
-// application does nothing) unless an application thread that polls one of
-// the QP's CQs empty takes that turn itself (Qp::DriveFromPoll: a thread
-// spinning in ibv_poll_cq needs no wake-up of this one). It produces Read
-// Responses, continues transmitting when a socket becomes writable, and
-// runs the commands application threads hand it (attach a stream, finalize
-// a QP after an error or close, detach on destroy, flush receives, take
-// over a transmit turn).
+// spinning engine threads destroy latency on a 2-vCPU host). It is the
+// fallback for the QPs' own work, which application threads do when they
+// can (qp.h, Threading): it does the receive processing when a socket is
+// readable (so an RDMA Write target makes progress while its application
+// does nothing), unless an application thread that polls one of the QP's
+// CQs empty takes that turn itself (Qp::DriveFromPoll: a thread spinning in
+// ibv_poll_cq needs no wake-up of this one); a receive turn kicks the
+// transmit side for the Read Responses it owes on its own thread (or leaves
+// them to the gate's current owner). It continues transmitting when
+// a socket becomes writable (application threads transmit inline from
+// PostSend), and runs the commands application threads hand it (attach a
+// stream, finalize a QP after an error or close, detach on destroy, flush
+// receives, take over a transmit turn whose budget ran out).
 //
 // Ownership and ordering: `registry_mutex_` guards the QP map and the qp_num
 // counter; the map holds a shared_ptr to every live QP, which keeps a QP

@@ -38,12 +38,15 @@
 //    and, when they can take it, the QP's transmit and receive work
 //    (run-to-completion, so a busy-polling application needs no second
 //    runnable thread): PostSend transmits inline, and polling either CQ
-//    empty gives the QP a receive turn (DriveFromPoll);
+//    empty gives the QP a receive turn (DriveFromPoll); a receive turn that
+//    owes Read Responses, or opened an ORD slot, transmits on its own
+//    thread too;
 //  - the engine's progress thread: the commands below (attach, finalize,
-//    detach, flush), the timers, and the fallback for all of the above: it
-//    blocks in epoll_wait and receives when the socket is readable, and
-//    transmits when it is writable, for applications that do not poll
-//    (the passive side of ib_write_bw) or that sleep in a blocking wait.
+//    detach, flush, a transmit turn whose budget ran out), the timers, and
+//    the fallback for all of the above: it blocks in epoll_wait and
+//    receives when the socket is readable, and transmits when it is
+//    writable, for applications that do not poll (the passive side of
+//    ib_write_bw) or that sleep in a blocking wait.
 // The transmit side (QpTx) runs in whichever thread owns the transmit gate
 // (`tx_gate_`); the receive side (QpRx) in whichever holds `rx_mutex_`,
 // which the progress thread takes and application threads only try.
@@ -54,6 +57,9 @@
 // and no kick is lost. Anything that needs the transmit side quiescent
 // (attach, finalize, detach) takes the gate exclusively on the progress
 // thread, waiting (yield) for an inline owner to finish its bounded pump.
+//
+// QpRx and QpTx reach the QP only through QpForRx and QpForTx (qp_sides.h),
+// whose calls say which of the locks below they take.
 //
 // Locks and what they guard (each field below repeats it):
 //  - queue_mutex_: the SQ ring and its cursors, ORQ, IRQ, the IRD count, the
@@ -495,7 +501,7 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   bool attached_ = false;      // written by the progress thread under rx_mutex_
   bool finalized_ = false;     // same: Finalize ran
   bool detached_ = false;      // same
-  bool driven_ = false;        // progress thread: registered with the receive CQ as a driver
+  bool driven_ = false;        // progress thread: registered with both CQs as a driver
   // Progress thread: when the wait for the first FPDU / the RTR ends.
   std::optional<std::chrono::steady_clock::time_point> first_fpdu_deadline_;
 

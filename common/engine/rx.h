@@ -47,8 +47,11 @@
 // Threading: every method runs with the QP's rx_mutex_ held, by the
 // progress thread (socket readable, commands) or by an application thread
 // that polls one of the QP's CQs empty (Qp::DriveFromPoll, which only tries
-// the lock); no lock of its own. It takes the QP's queue_mutex_ briefly for
-// the ORQ/IRQ and kicks the transmit side (the gate, qp.h).
+// the lock); no lock of its own. It reaches the QP only through QpForRx
+// (qp_sides.h), whose calls take queue_mutex_ briefly for the SQ, ORQ and
+// IRQ; when it kicks the transmit side (Read Responses owed, the RTR, an
+// ORD slot opened) and the gate is free, the transmit side runs on this
+// same thread (qp.h).
 #pragma once
 
 #include <sys/uio.h>

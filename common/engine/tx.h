@@ -31,8 +31,13 @@
 // sending octets from memory that is no longer registered).
 //
 // Threading: every method runs with the QP's transmit gate held (see qp.h),
-// so the state below needs no lock; queue_mutex_ is taken briefly to read
-// the SQ, ORQ and IRQ. Not validated here: inbound anything (QpRx).
+// on whichever thread took it: an application thread in PostSend (inline
+// transmit), a receive turn that kicked it (the progress thread, or an
+// application thread in Qp::DriveFromPoll), or the progress thread when the
+// socket became writable, a turn ran out of budget, or for attach, finalize
+// and detach. So the state below needs no lock. It reaches the QP only
+// through QpForTx (qp_sides.h), whose calls take queue_mutex_ briefly for
+// the SQ, ORQ, IRQ and mailbox. Not validated here: inbound anything (QpRx).
 #pragma once
 
 #include <sys/uio.h>
