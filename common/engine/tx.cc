@@ -31,7 +31,7 @@ std::span<iovec> ThreadIov() {
   return iov;
 }
 
-rdmap::Opcode SendOpcodeOnWire(const SendWorkRequest& wr) {
+rdmap::Opcode SendOpcodeOnWire(const SendWrFields& wr) {
   const bool se = wr.solicited_event();
   if (wr.invalidates_remote()) {
     return se ? rdmap::Opcode::kSendWithSeAndInvalidate : rdmap::Opcode::kSendWithInvalidate;
@@ -199,7 +199,7 @@ bool QpTx::StartResponse() {
 }
 
 bool QpTx::StartSqMessage() {
-  const SendWorkRequest* wr = nullptr;
+  const SendRecord* wr = nullptr;
   const std::uint64_t seq = tx_seq_;
   std::size_t orq_size = 0;
   {
@@ -237,10 +237,10 @@ bool QpTx::StartSqMessage() {
         return true;
       }
       if (orq_size >= params_.ord) return false;  // ORD reached: wait for a response
-      const std::uint32_t length = wr->num_sge > 0 ? wr->sge[0].length : 0;
+      const std::uint32_t length = wr->num_sge > 0 ? wr->sges()[0].length : 0;
       // The sink is a tagged buffer the peer writes (RFC 5040 5.2).
-      if (length > 0 && !memory.Check(wr->sge[0].lkey, pd, AccessKind::kRemoteWrite,
-                                      wr->sge[0].addr, length)
+      if (length > 0 && !memory.Check(wr->sges()[0].lkey, pd, AccessKind::kRemoteWrite,
+                                      wr->sges()[0].addr, length)
                              .ok()) {
         ++tx_seq_;
         FailSq(seq, WcStatus::kLocProtErr);
@@ -344,10 +344,10 @@ bool QpTx::GatherPayload(Slot& slot, std::uint64_t offset, std::size_t length,
     return add(cur_.response.source_stag, cur_.response.source_to + offset, length,
                AccessKind::kRemoteRead);
   }
-  const SendWorkRequest& wr = *cur_.wr;
+  const SendRecord& wr = *cur_.wr;
   slot.source_kind = AccessKind::kLocalRead;
   if (wr.is_inline()) {
-    pieces[piece_count++] = ByteSpan(wr.inline_data.data() + offset, length);
+    pieces[piece_count++] = wr.inline_bytes().subspan(offset, length);
     return true;
   }
   std::uint64_t position = 0;  // message offset of the current SGE
@@ -384,7 +384,7 @@ bool QpTx::FrameSegment() {
   const bool last = cur_.offset + n == cur_.total;
 
   if (cur_.kind == MessageKind::kSq) {
-    const SendWorkRequest& wr = *cur_.wr;
+    const SendRecord& wr = *cur_.wr;
     if (!tagged) {
       // Untagged: QN 0, the message's MSN, MO = octets before this segment
       // (RFC 5041 4.3, RFC 5040 5.3).
@@ -468,13 +468,13 @@ void QpTx::FrameRtr() {
   FrameInto(slot, encoded.length, {});
 }
 
-void QpTx::FrameReadRequest(const SendWorkRequest& wr, std::uint64_t seq) {
+void QpTx::FrameReadRequest(const SendRecord& wr, std::uint64_t seq) {
   Slot& slot = NewSlot();
   rdmap::ReadRequestBody body;
   if (wr.num_sge > 0) {
-    body.sink_stag = wr.sge[0].lkey;
-    body.sink_to = wr.sge[0].addr;
-    body.read_size = wr.sge[0].length;
+    body.sink_stag = wr.sges()[0].lkey;
+    body.sink_to = wr.sges()[0].addr;
+    body.read_size = wr.sges()[0].length;
   }
   body.source_stag = wr.rkey;
   body.source_to = wr.remote_addr;

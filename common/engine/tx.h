@@ -153,7 +153,7 @@ class QpTx {
   // The message being segmented.
   struct Message {
     MessageKind kind = MessageKind::kNone;
-    const SendWorkRequest* wr = nullptr;  // kSq: stable while the entry is not retired
+    const SendRecord* wr = nullptr;       // kSq: stable while the entry is not retired
     std::uint64_t seq = 0;
     std::uint32_t msn = 0;                // kSq Sends
     IrqEntry response;                    // kResponse
@@ -176,7 +176,7 @@ class QpTx {
   bool StartResponse();
   bool FrameSegment();
   void FrameRtr();
-  void FrameReadRequest(const SendWorkRequest& wr, std::uint64_t seq);
+  void FrameReadRequest(const SendRecord& wr, std::uint64_t seq);
   void FrameTerminate();
   Slot& NewSlot();
   bool FrameInto(Slot& slot, std::size_t header_length, std::span<const ByteSpan> payload);
