@@ -22,6 +22,12 @@ constexpr std::size_t kMaxIov = 1024;
 constexpr std::size_t kBatchOctets = std::size_t{2} << 20;
 constexpr std::size_t kMinSlots = 16;
 constexpr std::size_t kMaxSlots = 64;
+// Slots an idle QP keeps (a ping-pong needs one), idle slots a thread keeps
+// for any QP it pumps, and the staging an idle QP's slot keeps (a Read
+// Response copy of up to a max ULPDU, 64 KiB on loopback).
+constexpr std::size_t kKeptSlots = 1;
+constexpr std::size_t kCachedSlotsPerThread = 16;
+constexpr std::size_t kKeptStagingOctets = 4096;
 
 // The scatter list of one sendmsg. Write fills it and hands it to the kernel
 // before any callback can run, so one per thread serves every QP (16 KiB
@@ -57,6 +63,7 @@ void QpTx::Start(const StreamParams& params, std::size_t max_ulpdu) {
   wire_written_ = 0;
   slot_count_ = std::clamp(kBatchOctets / max_ulpdu, kMinSlots, kMaxSlots);
   slots_ = std::make_unique<std::unique_ptr<Slot>[]>(slot_count_);
+  allocated_slots_ = 0;
   first_ = 0;
   in_flight_ = 0;
   cur_ = Message{};
@@ -81,6 +88,7 @@ void QpTx::Stop() {
   ReleaseRefs();
   slots_.reset();
   slot_count_ = 0;
+  allocated_slots_ = 0;
   first_ = 0;
   in_flight_ = 0;
   cur_ = Message{};
@@ -103,6 +111,7 @@ bool QpTx::Pump() {
         FinishWinding();
       } else {
         qp_.SetWriteInterest(false);
+        ReleaseIdleSlots();
       }
       break;
     }
@@ -284,9 +293,49 @@ bool QpTx::StartSqMessage() {
   return true;
 }
 
+std::vector<std::unique_ptr<QpTx::Slot>>& QpTx::SlotCache() {
+  thread_local std::vector<std::unique_ptr<Slot>> cache;
+  return cache;
+}
+
+void QpTx::ReleaseIdleSlots() {
+  first_ = 0;
+  if (allocated_slots_ > kKeptSlots) {
+    std::vector<std::unique_ptr<Slot>>& cache = SlotCache();
+    for (std::size_t i = kKeptSlots; i < slot_count_; ++i) {
+      std::unique_ptr<Slot>& slot = slots_[i];
+      if (!slot) continue;
+      if (!slots_[0]) {  // keep one at the front, where the next FPDU goes
+        slots_[0] = std::move(slot);
+        continue;
+      }
+      for (std::size_t k = 0; k < slot->source_count; ++k) slot->refs[k].Release();
+      slot->source_count = 0;
+      slot->refs_held = false;
+      slot->staging = {};
+      if (cache.size() < kCachedSlotsPerThread) {
+        cache.push_back(std::move(slot));
+      } else {
+        slot.reset();
+      }
+      --allocated_slots_;
+    }
+  }
+  if (slots_[0] && slots_[0]->staging.capacity() > kKeptStagingOctets) slots_[0]->staging = {};
+}
+
 QpTx::Slot& QpTx::NewSlot() {
   std::unique_ptr<Slot>& entry = slots_[(first_ + in_flight_) % slot_count_];
-  if (!entry) entry = std::make_unique<Slot>();
+  if (!entry) {
+    std::vector<std::unique_ptr<Slot>>& cache = SlotCache();
+    if (cache.empty()) {
+      entry = std::make_unique<Slot>();
+    } else {
+      entry = std::move(cache.back());
+      cache.pop_back();
+    }
+    ++allocated_slots_;
+  }
   Slot& slot = *entry;
   for (std::size_t i = 0; i < slot.source_count; ++i) slot.refs[i].Release();
   slot.sent = 0;
