@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cassert>
+#include <new>
 #include <thread>
 #include <utility>
 
@@ -163,7 +164,8 @@ Qp::Qp(Engine* engine, std::uint32_t qp_num, const QpConfig& config,
       rq_(own_rq_ ? own_rq_.get() : config.srq),
       tx_(*this),
       rx_(*this) {
-  sq_.slots.resize(config_.sq_caps.max_wr);
+  sq_.slots = RecordSlots<SqEntry>(config_.sq_caps.max_wr,
+                                   std::size_t{config_.sq_caps.max_sge} * sizeof(Sge));
   if (stats_slot_ != nullptr) state_.SetMirror(&stats_slot_->state);
 }
 
@@ -435,8 +437,11 @@ PostStatus Qp::PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* p
         status = PostStatus::kQueueFull;
         break;
       }
+      if (!StoreSendRecord(sq_.tail, wr)) {
+        status = PostStatus::kQueueFull;  // no memory for inline data: ENOMEM
+        break;
+      }
       SqEntry& entry = sq_.At(sq_.tail);
-      entry.wr = wr;
       entry.signaled = config_.sq_sig_all || wr.signaled();
       entry.done = false;
       entry.status = WcStatus::kSuccess;
@@ -459,6 +464,25 @@ PostStatus Qp::PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* p
   if (flushed) RetireSq();
   if (count > 0) KickTx();
   return status;
+}
+
+bool Qp::StoreSendRecord(std::uint64_t seq, const SendWorkRequest& wr) {
+  // SqEntry::wr is its last member and SqEntry has no tail padding, so the
+  // slot's payload (the SGEs) directly follows the record.
+  static_assert(alignof(SqEntry) == alignof(SendRecord) &&
+                sizeof(SendRecord) % alignof(SendRecord) == 0);
+  const std::size_t index = seq % sq_.slots.size();
+  std::uint8_t* inline_at = sq_.slots.payload(index);
+  if (wr.is_inline() && wr.inline_length > sq_.slots.payload_capacity()) {
+    const std::size_t per_slot = config_.sq_caps.max_inline_data;
+    if (!sq_.inline_area) {
+      sq_.inline_area.reset(new (std::nothrow) std::uint8_t[sq_.slots.size() * per_slot]);
+      if (!sq_.inline_area) return false;
+    }
+    inline_at = sq_.inline_area.get() + index * per_slot;
+  }
+  sq_.At(seq).wr.Assign(wr, inline_at);
+  return true;
 }
 
 PostStatus Qp::PostRecv(const ReceiveWorkRequest& wr) {

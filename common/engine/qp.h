@@ -284,7 +284,6 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // One send WR from post to completion. Fields are written under
   // queue_mutex_ (the WR record only at post time).
   struct SqEntry {
-    SendWorkRequest wr;
     bool signaled = false;
     bool done = false;             // completed; waiting for the head to reach it
     bool flush_only = false;       // posted in Closing/Terminate/Error: never started
@@ -293,16 +292,24 @@ class Qp final : public std::enable_shared_from_this<Qp>,
     WcStatus flush_status = WcStatus::kWrFlushErr;
     WcStatus status = WcStatus::kSuccess;
     std::uint32_t msn = 0;         // QN 0 (Send) or QN 1 (Read) MSN it went out with
+    SendRecord wr;                 // last: its SGEs follow it in the ring slot
   };
 
-  // Bounded ring of SqEntry addressed by a 64-bit sequence number.
+  // Bounded ring of SqEntry addressed by a 64-bit sequence number. A slot
+  // holds the entry and max_sge SGEs; inline data longer than that lives in
+  // `inline_area` (max_inline_data octets per slot), made at the first such
+  // post, so QPs that never post it do not pay for it.
   struct SendRing {
-    std::vector<SqEntry> slots;
+    RecordSlots<SqEntry> slots;
+    std::unique_ptr<std::uint8_t[]> inline_area;
     std::uint64_t head = 0;  // oldest not yet retired (completion order)
     std::uint64_t tail = 0;  // next to post
     SqEntry& At(std::uint64_t seq) { return slots[seq % slots.size()]; }
     std::uint64_t size() const { return tail - head; }
   };
+  // Stores `wr` in the SQ slot of `seq` (queue_mutex_ held); false if the
+  // inline area could not be allocated.
+  bool StoreSendRecord(std::uint64_t seq, const SendWorkRequest& wr);
 
   // Finalization work the progress thread owes this QP (bit set).
   enum FinalizeFlags : std::uint32_t {

@@ -194,7 +194,7 @@ class QpForRx : public QpForSide {
 struct SqPeek {
   // The WR, stable until its entry completes (which needs it started first);
   // null at the tail or for a WR posted in a flush state (never started).
-  const SendWorkRequest* wr = nullptr;
+  const SendRecord* wr = nullptr;
   std::size_t reads_outstanding = 0;  // the ORQ's size (fences, ORD)
 };
 

@@ -12,13 +12,27 @@ std::unique_ptr<ReceiveQueue> ReceiveQueue::Create(Kind kind, const QueueCaps& c
 }
 
 ReceiveQueue::ReceiveQueue(Kind kind, const QueueCaps& caps, LimitCallback on_limit)
-    : kind_(kind), caps_(caps), on_limit_(std::move(on_limit)), ring_(caps.max_wr) {}
+    : kind_(kind),
+      caps_(caps),
+      on_limit_(std::move(on_limit)),
+      slots_(caps.max_wr, std::size_t{caps.max_sge} * sizeof(Sge)) {}
 
 PostStatus ReceiveQueue::Post(const ReceiveWorkRequest& wr) {
   const PostStatus valid = ValidateReceiveWorkRequest(wr, caps_);
   if (valid != PostStatus::kOk) return valid;
   std::lock_guard lock(mutex_);
-  return ring_.Push(wr) ? PostStatus::kOk : PostStatus::kQueueFull;
+  if (count_ == slots_.size()) return PostStatus::kQueueFull;
+  slots_[(head_ + count_) % slots_.size()].Assign(wr);
+  ++count_;
+  return PostStatus::kOk;
+}
+
+bool ReceiveQueue::PopLocked(ReceiveWorkRequest& out) {
+  if (count_ == 0) return false;
+  slots_[head_].CopyTo(out);
+  head_ = static_cast<std::uint32_t>((head_ + 1) % slots_.size());
+  --count_;
+  return true;
 }
 
 std::optional<ReceiveWorkRequest> ReceiveQueue::Take() {
@@ -26,8 +40,10 @@ std::optional<ReceiveWorkRequest> ReceiveQueue::Take() {
   bool limit_reached = false;
   {
     std::lock_guard lock(mutex_);
-    wr = ring_.Pop();
-    if (wr && limit_ != 0 && ring_.size() < limit_) {
+    if (count_ == 0) return wr;
+    wr.emplace();
+    PopLocked(*wr);
+    if (limit_ != 0 && count_ < limit_) {
       limit_ = 0;  // one event per arm
       limit_reached = true;
     }
@@ -39,8 +55,8 @@ std::optional<ReceiveWorkRequest> ReceiveQueue::Take() {
 std::vector<ReceiveWorkRequest> ReceiveQueue::Flush() {
   std::vector<ReceiveWorkRequest> flushed;
   std::lock_guard lock(mutex_);
-  flushed.reserve(ring_.size());
-  while (std::optional<ReceiveWorkRequest> wr = ring_.Pop()) flushed.push_back(*wr);
+  flushed.resize(count_);
+  for (ReceiveWorkRequest& wr : flushed) PopLocked(wr);
   return flushed;
 }
 
@@ -59,7 +75,7 @@ std::uint32_t ReceiveQueue::limit() const {
 
 std::uint32_t ReceiveQueue::size() const {
   std::lock_guard lock(mutex_);
-  return ring_.size();
+  return count_;
 }
 
 }  // namespace siwx::engine

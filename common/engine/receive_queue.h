@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Receive queue of a QP, and shared receive queue (SRQ) with limit events.
 //
-// Both are a bounded FIFO of ReceiveWorkRequest sized at creation (max_wr),
-// with a per-WR SGE limit (max_sge). Applications post; the data path takes
+// Both are a bounded FIFO of receive WRs sized at creation (max_wr), with a
+// per-WR SGE limit (max_sge); a WR is stored with room for max_sge SGEs only
+// (ReceiveRecord). Applications post; the data path takes
 // the oldest WR when an untagged Send message starts (RFC 5041 untagged
 // buffers are consumed in order, QN 0, MSN order), and flushes every WR when
 // the QP goes to Error so each can complete with WrFlushErr.
@@ -80,9 +81,15 @@ class ReceiveQueue {
   const QueueCaps caps_;
   const LimitCallback on_limit_;
 
+  // Removes the oldest record into `out`; false when empty. mutex_ held.
+  bool PopLocked(ReceiveWorkRequest& out);
+
   mutable std::mutex mutex_;
-  WorkRing<ReceiveWorkRequest> ring_;  // guarded by mutex_
-  std::uint32_t limit_ = 0;            // guarded by mutex_; 0 = not armed
+  // A FIFO of records with max_sge SGEs each (guarded by mutex_).
+  RecordSlots<ReceiveRecord> slots_;
+  std::uint32_t head_ = 0;   // guarded by mutex_; oldest record
+  std::uint32_t count_ = 0;  // guarded by mutex_
+  std::uint32_t limit_ = 0;  // guarded by mutex_; 0 = not armed
 };
 
 }  // namespace siwx::engine

@@ -22,6 +22,12 @@ constexpr std::size_t kMaxIov = 1024;
 constexpr std::size_t kBatchOctets = std::size_t{2} << 20;
 constexpr std::size_t kMinSlots = 16;
 constexpr std::size_t kMaxSlots = 64;
+// Slots an idle QP keeps (a ping-pong needs one), idle slots a thread keeps
+// for any QP it pumps, and the staging an idle QP's slot keeps (a Read
+// Response copy of up to a max ULPDU, 64 KiB on loopback).
+constexpr std::size_t kKeptSlots = 1;
+constexpr std::size_t kCachedSlotsPerThread = 16;
+constexpr std::size_t kKeptStagingOctets = 4096;
 
 // The scatter list of one sendmsg. Write fills it and hands it to the kernel
 // before any callback can run, so one per thread serves every QP (16 KiB
@@ -31,7 +37,7 @@ std::span<iovec> ThreadIov() {
   return iov;
 }
 
-rdmap::Opcode SendOpcodeOnWire(const SendWorkRequest& wr) {
+rdmap::Opcode SendOpcodeOnWire(const SendWrFields& wr) {
   const bool se = wr.solicited_event();
   if (wr.invalidates_remote()) {
     return se ? rdmap::Opcode::kSendWithSeAndInvalidate : rdmap::Opcode::kSendWithInvalidate;
@@ -57,6 +63,7 @@ void QpTx::Start(const StreamParams& params, std::size_t max_ulpdu) {
   wire_written_ = 0;
   slot_count_ = std::clamp(kBatchOctets / max_ulpdu, kMinSlots, kMaxSlots);
   slots_ = std::make_unique<std::unique_ptr<Slot>[]>(slot_count_);
+  allocated_slots_ = 0;
   first_ = 0;
   in_flight_ = 0;
   cur_ = Message{};
@@ -78,6 +85,7 @@ void QpTx::Stop() {
   ReleaseRefs();
   slots_.reset();
   slot_count_ = 0;
+  allocated_slots_ = 0;
   first_ = 0;
   in_flight_ = 0;
   cur_ = Message{};
@@ -100,6 +108,7 @@ bool QpTx::Pump() {
         FinishWinding();
       } else {
         qp_.SetWriteInterest(false);
+        ReleaseIdleSlots();
       }
       break;
     }
@@ -190,7 +199,7 @@ bool QpTx::StartSqMessage() {
   // at finalization.
   const SqPeek peek = qp_.PeekSq(seq);
   if (peek.wr == nullptr) return false;
-  const SendWorkRequest* wr = peek.wr;
+  const SendRecord* wr = peek.wr;
   const std::size_t orq_size = peek.reads_outstanding;
   // A fenced WR waits for every earlier RDMA Read to complete.
   if ((wr->flags & kSendFence) != 0 && orq_size > 0) return false;
@@ -215,10 +224,10 @@ bool QpTx::StartSqMessage() {
         return true;
       }
       if (orq_size >= params_.ord) return false;  // ORD reached: wait for a response
-      const std::uint32_t length = wr->num_sge > 0 ? wr->sge[0].length : 0;
+      const std::uint32_t length = wr->num_sge > 0 ? wr->sges()[0].length : 0;
       // The sink is a tagged buffer the peer writes (RFC 5040 5.2).
-      if (length > 0 && !memory.Check(wr->sge[0].lkey, pd, AccessKind::kRemoteWrite,
-                                      wr->sge[0].addr, length)
+      if (length > 0 && !memory.Check(wr->sges()[0].lkey, pd, AccessKind::kRemoteWrite,
+                                      wr->sges()[0].addr, length)
                              .ok()) {
         ++tx_seq_;
         FailSq(seq, WcStatus::kLocProtErr);
@@ -261,9 +270,49 @@ bool QpTx::StartSqMessage() {
   return true;
 }
 
+std::vector<std::unique_ptr<QpTx::Slot>>& QpTx::SlotCache() {
+  thread_local std::vector<std::unique_ptr<Slot>> cache;
+  return cache;
+}
+
+void QpTx::ReleaseIdleSlots() {
+  first_ = 0;
+  if (allocated_slots_ > kKeptSlots) {
+    std::vector<std::unique_ptr<Slot>>& cache = SlotCache();
+    for (std::size_t i = kKeptSlots; i < slot_count_; ++i) {
+      std::unique_ptr<Slot>& slot = slots_[i];
+      if (!slot) continue;
+      if (!slots_[0]) {  // keep one at the front, where the next FPDU goes
+        slots_[0] = std::move(slot);
+        continue;
+      }
+      for (std::size_t k = 0; k < slot->source_count; ++k) slot->refs[k].Release();
+      slot->source_count = 0;
+      slot->refs_held = false;
+      slot->staging = {};
+      if (cache.size() < kCachedSlotsPerThread) {
+        cache.push_back(std::move(slot));
+      } else {
+        slot.reset();
+      }
+      --allocated_slots_;
+    }
+  }
+  if (slots_[0] && slots_[0]->staging.capacity() > kKeptStagingOctets) slots_[0]->staging = {};
+}
+
 QpTx::Slot& QpTx::NewSlot() {
   std::unique_ptr<Slot>& entry = slots_[(first_ + in_flight_) % slot_count_];
-  if (!entry) entry = std::make_unique<Slot>();
+  if (!entry) {
+    std::vector<std::unique_ptr<Slot>>& cache = SlotCache();
+    if (cache.empty()) {
+      entry = std::make_unique<Slot>();
+    } else {
+      entry = std::move(cache.back());
+      cache.pop_back();
+    }
+    ++allocated_slots_;
+  }
   Slot& slot = *entry;
   for (std::size_t i = 0; i < slot.source_count; ++i) slot.refs[i].Release();
   slot.sent = 0;
@@ -321,10 +370,10 @@ bool QpTx::GatherPayload(Slot& slot, std::uint64_t offset, std::size_t length,
     return add(cur_.response.source_stag, cur_.response.source_to + offset, length,
                AccessKind::kRemoteRead);
   }
-  const SendWorkRequest& wr = *cur_.wr;
+  const SendRecord& wr = *cur_.wr;
   slot.source_kind = AccessKind::kLocalRead;
   if (wr.is_inline()) {
-    pieces[piece_count++] = ByteSpan(wr.inline_data.data() + offset, length);
+    pieces[piece_count++] = wr.inline_bytes().subspan(offset, length);
     return true;
   }
   std::uint64_t position = 0;  // message offset of the current SGE
@@ -361,7 +410,7 @@ bool QpTx::FrameSegment() {
   const bool last = cur_.offset + n == cur_.total;
 
   if (cur_.kind == MessageKind::kSq) {
-    const SendWorkRequest& wr = *cur_.wr;
+    const SendRecord& wr = *cur_.wr;
     if (!tagged) {
       // Untagged: QN 0, the message's MSN, MO = octets before this segment
       // (RFC 5041 4.3, RFC 5040 5.3).
@@ -444,13 +493,13 @@ void QpTx::FrameRtr() {
   FrameInto(slot, encoded.length, {});
 }
 
-void QpTx::FrameReadRequest(const SendWorkRequest& wr, std::uint64_t seq) {
+void QpTx::FrameReadRequest(const SendRecord& wr, std::uint64_t seq) {
   Slot& slot = NewSlot();
   rdmap::ReadRequestBody body;
   if (wr.num_sge > 0) {
-    body.sink_stag = wr.sge[0].lkey;
-    body.sink_to = wr.sge[0].addr;
-    body.read_size = wr.sge[0].length;
+    body.sink_stag = wr.sges()[0].lkey;
+    body.sink_to = wr.sges()[0].addr;
+    body.read_size = wr.sges()[0].length;
   }
   body.source_stag = wr.rkey;
   body.source_to = wr.remote_addr;

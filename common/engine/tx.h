@@ -128,7 +128,7 @@ class QpTx {
   // The message being segmented.
   struct Message {
     MessageKind kind = MessageKind::kNone;
-    const SendWorkRequest* wr = nullptr;  // kSq: stable while the entry is not retired
+    const SendRecord* wr = nullptr;       // kSq: stable while the entry is not retired
     std::uint64_t seq = 0;
     std::uint32_t msn = 0;                // kSq Sends
     IrqEntry response;                    // kResponse
@@ -151,9 +151,16 @@ class QpTx {
   bool StartResponse();
   bool FrameSegment();
   void FrameRtr();
-  void FrameReadRequest(const SendWorkRequest& wr, std::uint64_t seq);
+  void FrameReadRequest(const SendRecord& wr, std::uint64_t seq);
   void FrameTerminate();
   Slot& NewSlot();
+  // At an idle point (nothing in flight): rewinds the ring so the next FPDU
+  // reuses slot 0, and hands the other slots to this thread's cache, so an
+  // idle QP keeps one slot however much it streamed. Costs one comparison
+  // when the QP holds no more than that one.
+  void ReleaseIdleSlots();
+  // This thread's idle slots (any QP's), for NewSlot to reuse.
+  static std::vector<std::unique_ptr<Slot>>& SlotCache();
   bool FrameInto(Slot& slot, std::size_t header_length, std::span<const ByteSpan> payload);
   // Fills slot sources + refs for [offset, offset + length) of the current
   // message and the payload pieces; false if a region check failed.
@@ -195,9 +202,11 @@ class QpTx {
   std::uint64_t wire_written_ = 0;    // octets written since Start
 
   // Allocated on first use (NewSlot): a Slot is about 6 KiB (FpduFrame),
-  // and an idle QP that only ever sent its RTR needs one, not slot_count_.
+  // and an idle QP that only ever sent its RTR needs one, not slot_count_;
+  // given back when the QP goes idle (ReleaseIdleSlots).
   std::unique_ptr<std::unique_ptr<Slot>[]> slots_;
   std::size_t slot_count_ = 0;
+  std::size_t allocated_slots_ = 0;  // non-null entries of slots_
   std::size_t first_ = 0;   // oldest in-flight slot
   std::size_t in_flight_ = 0;
 

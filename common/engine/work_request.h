@@ -8,6 +8,11 @@
 // buffers as soon as the post returns (IBV_SEND_INLINE). Records carry no
 // pointers into the application's ibv_* structures.
 //
+// Two forms: SendWorkRequest / ReceiveWorkRequest are what a post hands in
+// (room for the device limits); SendRecord / ReceiveRecord are what a queue
+// keeps, sized by the queue's caps in fixed-stride slots (RecordSlots), so
+// that an idle QP costs octets in proportion to its caps (issue 10).
+//
 // What is not validated here: lkeys, rkeys and addresses (those are checked
 // against the STag table when the data path touches memory, see memory.h)
 // and QP state (see qp_state.h).
@@ -18,8 +23,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <new>
 #include <optional>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "common/util/bytes.h"
@@ -64,20 +72,19 @@ enum SendFlags : std::uint32_t {
 inline constexpr std::uint32_t kAllSendFlags =
     kSendFence | kSendSignaled | kSendSolicited | kSendInline;
 
-struct SendWorkRequest {
+// The fields of a send WR other than its SGEs and inline data, shared by the
+// posted form (SendWorkRequest) and the stored one (SendRecord).
+struct SendWrFields {
   std::uint64_t wr_id = 0;
+  std::uint64_t remote_addr = 0;       // Write: sink TO; Read: source TO
   SendOpcode opcode = SendOpcode::kSend;
   std::uint32_t flags = 0;             // SendFlags
   std::uint32_t num_sge = 0;
-  std::array<Sge, kMaxSge> sge{};
-  std::uint64_t remote_addr = 0;       // Write: sink TO; Read: source TO
   std::uint32_t rkey = 0;              // Write: sink STag; Read: source STag
   std::uint32_t invalidate_stag = 0;   // Send w/ Inv: peer's STag; Local Inv: ours
   std::uint32_t imm_data = 0;          // reserved for RFC 7306 immediate data
-  std::uint32_t inline_length = 0;     // octets in inline_data (kSendInline)
-  std::array<std::uint8_t, kMaxInlineData> inline_data{};
+  std::uint32_t inline_length = 0;     // octets of inline data (kSendInline)
 
-  std::span<const Sge> sges() const { return {sge.data(), std::min(num_sge, kMaxSge)}; }
   bool is_inline() const { return (flags & kSendInline) != 0; }
   bool signaled() const { return (flags & kSendSignaled) != 0; }
   // A Send that carries the Solicited Event bit, by opcode or by flag.
@@ -91,13 +98,24 @@ struct SendWorkRequest {
     return opcode == SendOpcode::kSendWithInvalidate ||
            opcode == SendOpcode::kSendWithSeAndInvalidate;
   }
-  // Octets the operation moves: inline_length, or the sum of the SGEs.
-  std::uint64_t total_length() const {
-    if (is_inline()) return inline_length;
-    std::uint64_t total = 0;
-    for (const Sge& s : sges()) total += s.length;
-    return total;
-  }
+};
+
+// Octets a WR moves: inline_length, or the sum of its SGEs.
+inline std::uint64_t SendLength(const SendWrFields& wr, std::span<const Sge> sges) {
+  if (wr.is_inline()) return wr.inline_length;
+  std::uint64_t total = 0;
+  for (const Sge& s : sges) total += s.length;
+  return total;
+}
+
+// A send WR as the application posts it (room for kMaxSge SGEs and
+// kMaxInlineData octets: a transient, on the stack or in a batch).
+struct SendWorkRequest : SendWrFields {
+  std::array<Sge, kMaxSge> sge{};
+  std::array<std::uint8_t, kMaxInlineData> inline_data{};
+
+  std::span<const Sge> sges() const { return {sge.data(), std::min(num_sge, kMaxSge)}; }
+  std::uint64_t total_length() const { return SendLength(*this, sges()); }
   // Copies `pieces` (the application's SGE buffers) into inline_data and sets
   // kSendInline. False, leaving the record unchanged, if they exceed
   // kMaxInlineData.
@@ -118,6 +136,41 @@ struct SendWorkRequest {
   }
 };
 
+// A send WR as a send queue stores it: only what the WR carries. Its SGEs
+// follow the record in its ring slot (RecordSlots), so SendRecord must be
+// the last member of whatever a slot holds; inline data is in that slot too
+// when it fits, else in the queue's inline area. An inline record keeps no
+// SGEs (num_sge 0): inline data replaces them.
+struct SendRecord : SendWrFields {
+  const std::uint8_t* inline_at = nullptr;  // the inline octets, when is_inline()
+
+  std::span<const Sge> sges() const {
+    return {reinterpret_cast<const Sge*>(this + 1), num_sge};
+  }
+  ByteSpan inline_bytes() const { return {inline_at, inline_length}; }
+  std::uint64_t total_length() const { return SendLength(*this, sges()); }
+
+  // Stores `wr` (already validated against caps whose max_sge SGEs fit after
+  // this record). Inline data goes to `inline_area`, which must hold
+  // wr.inline_length octets (it may be the octets after this record).
+  void Assign(const SendWorkRequest& wr, std::uint8_t* inline_area) {
+    static_cast<SendWrFields&>(*this) = wr;
+    if (wr.is_inline()) {
+      num_sge = 0;
+      if (wr.inline_length > 0) std::memcpy(inline_area, wr.inline_data.data(), wr.inline_length);
+      inline_at = inline_area;
+      return;
+    }
+    // A Local Invalidate has no SGEs (and its count is not validated).
+    if (wr.opcode == SendOpcode::kLocalInvalidate) num_sge = 0;
+    inline_at = nullptr;
+    if (num_sge > 0) {
+      std::memcpy(reinterpret_cast<Sge*>(this + 1), wr.sge.data(), num_sge * sizeof(Sge));
+    }
+  }
+};
+static_assert(sizeof(SendRecord) % alignof(Sge) == 0);
+
 struct ReceiveWorkRequest {
   std::uint64_t wr_id = 0;
   std::uint32_t num_sge = 0;
@@ -130,6 +183,70 @@ struct ReceiveWorkRequest {
     for (const Sge& s : sges()) total += s.length;
     return total;
   }
+};
+
+// A receive WR as a receive queue stores it; num_sge SGEs follow it in its
+// ring slot.
+struct ReceiveRecord {
+  std::uint64_t wr_id = 0;
+  std::uint32_t num_sge = 0;
+
+  std::span<const Sge> sges() const {
+    return {reinterpret_cast<const Sge*>(this + 1), num_sge};
+  }
+  // Stores `wr` (already validated: its SGEs fit after this record).
+  void Assign(const ReceiveWorkRequest& wr) {
+    wr_id = wr.wr_id;
+    num_sge = wr.num_sge;
+    if (num_sge > 0) {
+      std::memcpy(reinterpret_cast<Sge*>(this + 1), wr.sge.data(), num_sge * sizeof(Sge));
+    }
+  }
+  // The posted form back (what Take hands the receive side).
+  void CopyTo(ReceiveWorkRequest& out) const {
+    out.wr_id = wr_id;
+    out.num_sge = num_sge;
+    if (num_sge > 0) std::memcpy(out.sge.data(), sges().data(), num_sge * sizeof(Sge));
+  }
+};
+static_assert(sizeof(ReceiveRecord) % alignof(Sge) == 0);
+
+// `count` entries of type Entry, each followed by `payload` octets (the SGEs
+// or inline data of the record it ends with), in one allocation with a
+// fixed stride: a queue costs what its caps need, not kMaxSge SGEs and
+// kMaxInlineData octets per WR.
+template <typename Entry>
+class RecordSlots {
+  static_assert(std::is_trivially_destructible_v<Entry>);
+  static_assert(alignof(Entry) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__);
+
+ public:
+  RecordSlots() = default;
+  RecordSlots(std::uint32_t count, std::size_t payload)
+      : stride_((sizeof(Entry) + payload + alignof(Entry) - 1) / alignof(Entry) * alignof(Entry)),
+        count_(count),
+        storage_(new std::byte[stride_ * count]) {
+    for (std::uint32_t i = 0; i < count; ++i) new (storage_.get() + i * stride_) Entry();
+  }
+
+  std::size_t size() const { return count_; }
+  // Octets after each entry.
+  std::size_t payload_capacity() const { return stride_ - sizeof(Entry); }
+  Entry& operator[](std::size_t i) {
+    return *std::launder(reinterpret_cast<Entry*>(storage_.get() + i * stride_));
+  }
+  const Entry& operator[](std::size_t i) const {
+    return *std::launder(reinterpret_cast<const Entry*>(storage_.get() + i * stride_));
+  }
+  // The octets after entry i.
+  std::uint8_t* payload(std::size_t i) {
+    return reinterpret_cast<std::uint8_t*>(storage_.get() + i * stride_ + sizeof(Entry));
+  }
+
+ private:
+  std::size_t stride_ = 0;
+  std::size_t count_ = 0;
+  std::unique_ptr<std::byte[]> storage_;
 };
 
 // Limits of one work queue, fixed at creation (ibv_qp_cap / ibv_srq_attr).
