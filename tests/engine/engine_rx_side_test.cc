@@ -53,7 +53,6 @@ class FakeQp final : public QpForRx {
   }
   std::optional<OrqEntry> OldestRead() override { return std::nullopt; }
   void CompleteOldestRead(const OrqEntry& /*read*/) override {}
-  bool ReadsOutstanding() const override { return false; }
   std::uint32_t ReadRequestsOutstanding() override { return read_requests_outstanding; }
   void WaitForSendAccounting() const override {}
   void QueueReadRequest(const IrqEntry& request) override { read_requests.push_back(request); }
