@@ -431,7 +431,7 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   bool SetWriteInterest(bool want) override;
   void StopPolling() override;
   // A Read of ours waits for its response (the ORQ is not empty).
-  bool ReadsOutstanding() const override;
+  bool ReadsOutstanding() const;
   void StopReading() override;
 
   void EmitEvent(AsyncEventType type);

@@ -144,8 +144,6 @@ class QpForRx : public QpForSide {
   // fence may have opened). queue_mutex_, then the completion and transmit
   // gates; runs callbacks.
   virtual void CompleteOldestRead(const OrqEntry& read) = 0;
-  // A Read of ours waits for its response. queue_mutex_.
-  virtual bool ReadsOutstanding() const = 0;
 
   // ---- The peer's Reads (IRQ) ----
   // Read Requests accepted whose response has not yet gone to the kernel

@@ -69,7 +69,6 @@
 #include "common/engine/qp_sides.h"
 #include "common/engine/rx_checks.h"
 #include "common/engine/stream_params.h"
-#include "common/engine/tx.h"
 #include "common/engine/work_request.h"
 #include "common/transport/tcp_stream.h"
 #include "common/wire/ddp_rdmap.h"
