@@ -309,9 +309,9 @@ class Qp : public std::enable_shared_from_this<Qp>, private PollDriver {
     SqEntry& At(std::uint64_t seq) { return slots[seq % slots.size()]; }
     std::uint64_t size() const { return tail - head; }
   };
-  // Stores `wr` in the SQ slot of `seq` (queue_mutex_ held); false if the
-  // inline area could not be allocated.
-  bool StoreSendRecord(std::uint64_t seq, const SendWorkRequest& wr);
+  // Stores `wr` in the SQ slot of `seq` (queue_mutex_ held) and returns
+  // that entry; nullptr if the inline area could not be allocated.
+  SqEntry* StoreSendRecord(std::uint64_t seq, const SendWorkRequest& wr);
 
   // What an error path decided; see RaiseError.
   struct ErrorReport {
