@@ -437,11 +437,12 @@ PostStatus Qp::PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* p
         status = PostStatus::kQueueFull;
         break;
       }
-      if (!StoreSendRecord(sq_.tail, wr)) {
+      SqEntry* const stored = StoreSendRecord(sq_.tail, wr);
+      if (stored == nullptr) {
         status = PostStatus::kQueueFull;  // no memory for inline data: ENOMEM
         break;
       }
-      SqEntry& entry = sq_.At(sq_.tail);
+      SqEntry& entry = *stored;
       entry.signaled = config_.sq_sig_all || wr.signaled();
       entry.done = false;
       entry.status = WcStatus::kSuccess;
@@ -466,7 +467,7 @@ PostStatus Qp::PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* p
   return status;
 }
 
-bool Qp::StoreSendRecord(std::uint64_t seq, const SendWorkRequest& wr) {
+Qp::SqEntry* Qp::StoreSendRecord(std::uint64_t seq, const SendWorkRequest& wr) {
   // SqEntry::wr is its last member and SqEntry has no tail padding, so the
   // slot's payload (the SGEs) directly follows the record.
   static_assert(alignof(SqEntry) == alignof(SendRecord) &&
@@ -477,12 +478,13 @@ bool Qp::StoreSendRecord(std::uint64_t seq, const SendWorkRequest& wr) {
     const std::size_t per_slot = config_.sq_caps.max_inline_data;
     if (!sq_.inline_area) {
       sq_.inline_area.reset(new (std::nothrow) std::uint8_t[sq_.slots.size() * per_slot]);
-      if (!sq_.inline_area) return false;
+      if (!sq_.inline_area) return nullptr;
     }
     inline_at = sq_.inline_area.get() + index * per_slot;
   }
-  sq_.At(seq).wr.Assign(wr, inline_at);
-  return true;
+  SqEntry& entry = sq_.slots[index];
+  entry.wr.Assign(wr, inline_at);
+  return &entry;
 }
 
 PostStatus Qp::PostRecv(const ReceiveWorkRequest& wr) {

@@ -307,9 +307,9 @@ class Qp final : public std::enable_shared_from_this<Qp>,
     SqEntry& At(std::uint64_t seq) { return slots[seq % slots.size()]; }
     std::uint64_t size() const { return tail - head; }
   };
-  // Stores `wr` in the SQ slot of `seq` (queue_mutex_ held); false if the
-  // inline area could not be allocated.
-  bool StoreSendRecord(std::uint64_t seq, const SendWorkRequest& wr);
+  // Stores `wr` in the SQ slot of `seq` (queue_mutex_ held) and returns
+  // that entry; nullptr if the inline area could not be allocated.
+  SqEntry* StoreSendRecord(std::uint64_t seq, const SendWorkRequest& wr);
 
   // Finalization work the progress thread owes this QP (bit set).
   enum FinalizeFlags : std::uint32_t {
