@@ -123,6 +123,7 @@ void QpRx::Start(const StreamParams& params) {
 
 void QpRx::Stop() {
   ReleaseRefs();
+  ReleasePin();
   parser_.reset();
   recv_wr_.reset();
   send_active_ = false;
@@ -132,6 +133,7 @@ void QpRx::Stop() {
 }
 
 void QpRx::AbandonMessage(WcStatus status) {
+  ReleasePin();
   if (recv_wr_) {
     WorkCompletion wc;
     wc.wr_id = recv_wr_->wr_id;
@@ -175,6 +177,7 @@ void QpRx::OnReadableTurn(transport::TcpStream& stream) {
     }
     staged_begin_ = 0;
     staged_end_ = 0;
+    ReleasePin();  // held for the octets of one read only
     // Everything read so far is processed: answer its Read Requests before
     // reading more (see SendOwedResponses).
     SendOwedResponses();
@@ -205,6 +208,7 @@ void QpRx::OnReadableTurn(transport::TcpStream& stream) {
   // is still in the socket.
   if (!stopped_ && Staged() > 0) ConsumeStaged();
   ReleaseRefs();
+  ReleasePin();
   SendOwedResponses();
   // After an error, read and drop so the level-triggered poller quiets.
   if (stopped_ && !eof_) Drain(stream);
@@ -527,13 +531,15 @@ void QpRx::HeaderTagged(const rdmap::DdpRdmapHeader& h) {
   const PdId pd = qp_.config_.pd;
   if (h.opcode == rdmap::Opcode::kRdmaWrite) {
     // RFC 5041 7.1 / RFC 5042 6: STag, PD (stream), rights, wrap, bounds.
-    if (payload_length_ > 0) {
-      const AccessCheckResult check =
+    if (payload_length_ > 0 &&
+        !PinCovers(h.stag, AccessKind::kRemoteWrite, h.to, payload_length_)) {
+      AccessCheckResult check =
           memory.Check(h.stag, pd, AccessKind::kRemoteWrite, h.to, payload_length_);
       if (!check.ok()) {
         Reject({TaggedPlacementCause(check.status)});
         return;
       }
+      tagged_pin_ = std::move(check.region);
     }
     tagged_stag_ = h.stag;
     tagged_to_ = h.to;
@@ -574,13 +580,15 @@ void QpRx::HeaderTagged(const rdmap::DdpRdmapHeader& h) {
             WcStatus::kBadRespErr});
     return;
   }
-  if (payload_length_ > 0) {
-    const AccessCheckResult check =
+  if (payload_length_ > 0 &&
+      !PinCovers(h.stag, AccessKind::kRemoteWrite, h.to, payload_length_)) {
+    AccessCheckResult check =
         memory.Check(h.stag, pd, AccessKind::kRemoteWrite, h.to, payload_length_);
     if (!check.ok()) {
       Reject({TaggedPlacementCause(check.status), true, std::nullopt, WcStatus::kLocProtErr});
       return;
     }
+    tagged_pin_ = std::move(check.region);
   }
   tagged_stag_ = h.stag;
   tagged_to_ = h.to;
@@ -650,6 +658,13 @@ void QpRx::HeaderTerminate(const rdmap::DdpRdmapHeader& h) {
 
 void QpRx::OnFpduComplete() {
   CounterAdd(qp_.counters_.rx_fpdus, 1);
+  // The pin stays only across FPDUs that complete nothing (a Write, a Read
+  // Response before its last segment): completions and kicks may run
+  // callbacks that deregister memory.
+  const bool keeps_pin =
+      !pending_ && (segment_ == Segment::kWrite ||
+                    (segment_ == Segment::kReadResponse && !header_.last));
+  if (!keeps_pin) ReleasePin();
   last_fpdu_large_ = payload_length_ >= kDirectPlacementMin;
   if (pending_) {
     const PendingError error = *pending_;
@@ -691,6 +706,7 @@ void QpRx::OnFpduComplete() {
   // RFC 5044 7.1.2 rule 4: a responder sends once one FPDU has arrived and
   // been validated (with an RTR, the RTR did it above).
   if (!stopped_ && !awaiting_rtr_ && !qp_.rtr_received_.load(std::memory_order_relaxed)) {
+    ReleasePin();
     qp_.rtr_received_.store(true, std::memory_order_release);
     qp_.KickTx();
   }
@@ -838,6 +854,7 @@ void QpRx::Raise(const PendingError& error) {
   }
   stopped_ = true;
   ReleaseRefs();
+  ReleasePin();
   AbandonMessage(error.recv_status.value_or(WcStatus::kWrFlushErr));
   qp_.RaiseError(report);
 }
@@ -850,6 +867,7 @@ void QpRx::OnMpaError(mpa::MpaError error) {
 
 void QpRx::OnPeerClosed() {
   eof_ = true;
+  ReleasePin();
   // EPOLLIN/EPOLLRDHUP stay set now: stop asking for them, but keep the
   // socket for the write interest an orderly drain may still need.
   qp_.StopReading();
@@ -884,6 +902,7 @@ void QpRx::OnLlpFailure(int error) {
   if (stopped_) return;
   stopped_ = true;
   ReleaseRefs();
+  ReleasePin();
   AbandonMessage(WcStatus::kWrFlushErr);
   Qp::ErrorReport report;
   report.cause = rdmap::TerminateCause::MpaConnectionLost();
@@ -932,16 +951,19 @@ std::optional<std::size_t> QpRx::MapTarget(std::uint64_t offset, std::size_t len
     case Segment::kWrite:
     case Segment::kReadResponse: {
       const std::uint64_t to = tagged_to_ + offset;
-      AccessCheckResult check = memory.Check(tagged_stag_, pd, AccessKind::kRemoteWrite, to, length);
-      if (!check.ok()) {
-        failure = check.status;
-        return std::nullopt;
-      }
       if (length == 0) return 0;
-      iov_[0].iov_base = check.region->HostPointer(to);
+      if (!PinCovers(tagged_stag_, AccessKind::kRemoteWrite, to, length)) {
+        AccessCheckResult check =
+            memory.Check(tagged_stag_, pd, AccessKind::kRemoteWrite, to, length);
+        if (!check.ok()) {
+          failure = check.status;
+          return std::nullopt;
+        }
+        tagged_pin_ = std::move(check.region);
+      }
+      // The pin holds the region for this read (no entry in refs_).
+      iov_[0].iov_base = tagged_pin_->HostPointer(to);
       iov_[0].iov_len = length;
-      refs_[0] = std::move(check.region);
-      ref_count_ = 1;
       return 1;
     }
     case Segment::kSend: {
@@ -983,6 +1005,18 @@ std::optional<std::size_t> QpRx::MapTarget(std::uint64_t offset, std::size_t len
       failure = AccessStatus::kInvalidStag;
       return std::nullopt;
   }
+}
+
+bool QpRx::PinCovers(std::uint32_t stag, AccessKind kind, std::uint64_t to,
+                     std::uint64_t length) const {
+  // MemoryTable::Check's conditions on the region itself. A region that was
+  // unpublished meanwhile (Deregister waits for this pin) is still the
+  // region of this STag until Deregister returns, so a Write that races a
+  // deregistration lands as if it came first; invalidation is seen here.
+  const MemoryRegion* r = tagged_pin_.get();
+  return r != nullptr && r->stag() == stag && r->pd() == qp_.config_.pd && r->valid() &&
+         HasAll(r->access(), RequiredFlags(kind)) && length > 0 && length - 1 <= ~to &&
+         to >= r->base_to() && length <= r->length() && to - r->base_to() <= r->length() - length;
 }
 
 void QpRx::ReleaseRefs() {
