@@ -1009,14 +1009,11 @@ std::optional<std::size_t> QpRx::MapTarget(std::uint64_t offset, std::size_t len
 
 bool QpRx::PinCovers(std::uint32_t stag, AccessKind kind, std::uint64_t to,
                      std::uint64_t length) const {
-  // MemoryTable::Check's conditions on the region itself. A region that was
-  // unpublished meanwhile (Deregister waits for this pin) is still the
-  // region of this STag until Deregister returns, so a Write that races a
-  // deregistration lands as if it came first; invalidation is seen here.
-  const MemoryRegion* r = tagged_pin_.get();
-  return r != nullptr && r->stag() == stag && r->pd() == qp_.config_.pd && r->valid() &&
-         HasAll(r->access(), RequiredFlags(kind)) && length > 0 && length - 1 <= ~to &&
-         to >= r->base_to() && length <= r->length() && to - r->base_to() <= r->length() - length;
+  // A region that was unpublished meanwhile (Deregister waits for this pin)
+  // is still the region of this STag until Deregister returns, so a Write
+  // that races a deregistration lands as if it came first; invalidation is
+  // seen here (RegionCovers reads the validity flag).
+  return RegionCovers(tagged_pin_.get(), stag, qp_.config_.pd, kind, to, length);
 }
 
 void QpRx::ReleaseRefs() {
