@@ -393,14 +393,21 @@ TEST(BatchRxPinTest, RegionOfPlacedWritesCanBeDeregistered) {
   PrewrittenLink link(node, LinkOptions{});
   Buffer target(4096, 0);
   const std::uint32_t key = target.Register(node.memory(), node.pd, kAllRemote, true);
+  Buffer recv(64, 0);
+  PostRecv(node, 1, recv, recv.Register(node.memory(), node.pd, AccessFlags::kLocalWrite));
   Bytes wire;
   for (std::uint32_t k = 0; k < 4; ++k) {
     link.peer().FrameTo(WriteHeader(key, target.addr() + 1024 * k, k == 3), Pattern(k, 1024),
                         wire);
   }
+  // RFC 5040 5.5: the Send is delivered after the Writes before it.
+  link.peer().FrameTo(SendHeaderOf(1, 0), Pattern(8, 16), wire);
   link.WriteThenBind(wire);
-  const Bytes last = Pattern(3, 1024);
-  ASSERT_TRUE(WaitUntil([&] { return SameBytes(target.data() + 3072, last.data(), 1024); }));
+  ASSERT_EQ(WaitCompletions(*node.recv_cq, 1).size(), 1u);
+  for (std::uint32_t k = 0; k < 4; ++k) {
+    const Bytes want = Pattern(k, 1024);
+    EXPECT_TRUE(SameBytes(target.data() + 1024 * k, want.data(), want.size())) << k;
+  }
   EXPECT_EQ(node.memory().Deregister(key), DeregisterStatus::kOk);
   link.peer().SendHeader(WriteHeader(key, target.addr()), Pattern(9, 64));
   const std::optional<rdmap::TerminateHeader> t = link.peer().WaitTerminate();
