@@ -84,6 +84,7 @@ void QpRx::Start(const StreamParams& params) {
 
 void QpRx::Stop() {
   ReleaseRefs();
+  ReleasePin();
   parser_.reset();
   recv_wr_.reset();
   send_active_ = false;
@@ -93,6 +94,7 @@ void QpRx::Stop() {
 }
 
 void QpRx::AbandonMessage(WcStatus status) {
+  ReleasePin();
   if (recv_wr_) {
     WorkCompletion wc;
     wc.wr_id = recv_wr_->wr_id;
@@ -136,6 +138,7 @@ void QpRx::OnReadableTurn(transport::TcpStream& stream) {
     }
     staged_begin_ = 0;
     staged_end_ = 0;
+    ReleasePin();  // held for the octets of one read only
     // Everything read so far is processed: answer its Read Requests before
     // reading more (see SendOwedResponses).
     SendOwedResponses();
@@ -166,6 +169,7 @@ void QpRx::OnReadableTurn(transport::TcpStream& stream) {
   // is still in the socket.
   if (!stopped_ && Staged() > 0) ConsumeStaged();
   ReleaseRefs();
+  ReleasePin();
   SendOwedResponses();
   // After an error, read and drop so the level-triggered poller quiets.
   if (stopped_ && !eof_) Drain(stream);
@@ -442,10 +446,13 @@ void QpRx::HeaderTagged(const rdmap::DdpRdmapHeader& h) {
   MemoryTable& memory = qp_.memory();
   const PdId pd = qp_.pd();
   if (h.opcode == rdmap::Opcode::kRdmaWrite) {
-    if (payload_length_ > 0) {
-      const AccessCheckResult check =
+    // RFC 5041 7.1 / RFC 5042 6: STag, PD (stream), rights, wrap, bounds.
+    if (payload_length_ > 0 &&
+        !PinCovers(h.stag, AccessKind::kRemoteWrite, h.to, payload_length_)) {
+      AccessCheckResult check =
           memory.Check(h.stag, pd, AccessKind::kRemoteWrite, h.to, payload_length_);
       if (!Accepts(CheckWriteTarget(check.status))) return;
+      tagged_pin_ = std::move(check.region);
     }
     tagged_stag_ = h.stag;
     tagged_to_ = h.to;
@@ -467,10 +474,12 @@ void QpRx::HeaderTagged(const rdmap::DdpRdmapHeader& h) {
                                 response_received_};
   }
   if (!Accepts(CheckReadResponse(h, payload_length_, expected))) return;
-  if (payload_length_ > 0) {
-    const AccessCheckResult check =
+  if (payload_length_ > 0 &&
+      !PinCovers(h.stag, AccessKind::kRemoteWrite, h.to, payload_length_)) {
+    AccessCheckResult check =
         memory.Check(h.stag, pd, AccessKind::kRemoteWrite, h.to, payload_length_);
     if (!Accepts(CheckReadResponseTarget(check.status))) return;
+    tagged_pin_ = std::move(check.region);
   }
   tagged_stag_ = h.stag;
   tagged_to_ = h.to;
@@ -512,6 +521,13 @@ void QpRx::HeaderTerminate(const rdmap::DdpRdmapHeader& h) {
 
 void QpRx::OnFpduComplete() {
   CounterAdd(qp_.counters().rx_fpdus, 1);
+  // The pin stays only across FPDUs that complete nothing (a Write, a Read
+  // Response before its last segment): completions and kicks may run
+  // callbacks that deregister memory.
+  const bool keeps_pin =
+      !pending_ && (segment_ == Segment::kWrite ||
+                    (segment_ == Segment::kReadResponse && !header_.last));
+  if (!keeps_pin) ReleasePin();
   last_fpdu_large_ = payload_length_ >= kDirectPlacementMin;
   if (pending_) {
     const PendingError error = *pending_;
@@ -551,7 +567,10 @@ void QpRx::OnFpduComplete() {
   segment_ = Segment::kNone;
   // RFC 5044 7.1.2 rule 4: a responder sends once one FPDU has arrived and
   // been validated (with an RTR, the RTR did it above).
-  if (!stopped_ && !awaiting_rtr_ && !qp_.RtrReceived()) qp_.MarkRtrReceived();
+  if (!stopped_ && !awaiting_rtr_ && !qp_.RtrReceived()) {
+    ReleasePin();
+    qp_.MarkRtrReceived();
+  }
 }
 
 void QpRx::CompleteSend() {
@@ -664,6 +683,7 @@ void QpRx::Raise(const PendingError& error) {
   }
   stopped_ = true;
   ReleaseRefs();
+  ReleasePin();
   AbandonMessage(error.recv_status.value_or(WcStatus::kWrFlushErr));
   qp_.RaiseError(report);
 }
@@ -676,6 +696,7 @@ void QpRx::OnMpaError(mpa::MpaError error) {
 
 void QpRx::OnPeerClosed() {
   eof_ = true;
+  ReleasePin();
   // EPOLLIN/EPOLLRDHUP stay set now: stop asking for them, but keep the
   // socket for the write interest an orderly drain may still need.
   qp_.StopReading();
@@ -700,6 +721,7 @@ void QpRx::OnLlpFailure(int error) {
   if (stopped_) return;
   stopped_ = true;
   ReleaseRefs();
+  ReleasePin();
   AbandonMessage(WcStatus::kWrFlushErr);
   ErrorReport report;
   report.cause = rdmap::TerminateCause::MpaConnectionLost();
@@ -748,16 +770,19 @@ std::optional<std::size_t> QpRx::MapTarget(std::uint64_t offset, std::size_t len
     case Segment::kWrite:
     case Segment::kReadResponse: {
       const std::uint64_t to = tagged_to_ + offset;
-      AccessCheckResult check = memory.Check(tagged_stag_, pd, AccessKind::kRemoteWrite, to, length);
-      if (!check.ok()) {
-        failure = check.status;
-        return std::nullopt;
-      }
       if (length == 0) return 0;
-      iov_[0].iov_base = check.region->HostPointer(to);
+      if (!PinCovers(tagged_stag_, AccessKind::kRemoteWrite, to, length)) {
+        AccessCheckResult check =
+            memory.Check(tagged_stag_, pd, AccessKind::kRemoteWrite, to, length);
+        if (!check.ok()) {
+          failure = check.status;
+          return std::nullopt;
+        }
+        tagged_pin_ = std::move(check.region);
+      }
+      // The pin holds the region for this read (no entry in refs_).
+      iov_[0].iov_base = tagged_pin_->HostPointer(to);
       iov_[0].iov_len = length;
-      refs_[0] = std::move(check.region);
-      ref_count_ = 1;
       return 1;
     }
     case Segment::kSend: {
@@ -799,6 +824,15 @@ std::optional<std::size_t> QpRx::MapTarget(std::uint64_t offset, std::size_t len
       failure = AccessStatus::kInvalidStag;
       return std::nullopt;
   }
+}
+
+bool QpRx::PinCovers(std::uint32_t stag, AccessKind kind, std::uint64_t to,
+                     std::uint64_t length) const {
+  // A region that was unpublished meanwhile (Deregister waits for this pin)
+  // is still the region of this STag until Deregister returns, so a Write
+  // that races a deregistration lands as if it came first; invalidation is
+  // seen here (RegionCovers reads the validity flag).
+  return RegionCovers(tagged_pin_.get(), stag, qp_.pd(), kind, to, length);
 }
 
 void QpRx::ReleaseRefs() {

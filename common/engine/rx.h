@@ -173,6 +173,12 @@ class QpRx {
   std::optional<std::size_t> MapTarget(std::uint64_t offset, std::size_t length,
                                        AccessStatus& failure);
   void ReleaseRefs();
+  // True if tagged_pin_ is the region of `stag` and passes the check
+  // MemoryTable::Check makes for this access (then no table lookup is
+  // needed); false sends the caller to the full check.
+  bool PinCovers(std::uint32_t stag, AccessKind kind, std::uint64_t to,
+                 std::uint64_t length) const;
+  void ReleasePin() { tagged_pin_.Release(); }
   // The target of the current segment failed its re-check at placement.
   void PlacementFailed(AccessStatus failure);
   // recvmsg could not write the target (EFAULT): a local protection error.
@@ -226,6 +232,14 @@ class QpRx {
   std::uint64_t last_boundary_ = 0;  // parser stream position after the last FPDU
   bool last_fpdu_large_ = false;     // its payload was at least kDirectPlacementMin
 
+  // The region of the last tagged target checked, kept while the octets of
+  // one read are processed: the FPDUs of a Write that came in one read are
+  // checked against it without a lookup in the memory table (two lookups
+  // per FPDU were a quarter of the receive side's CPU time at standard
+  // framing, docs/performance-notes.md 2.2). Released before the next
+  // system call and before anything that may complete a WR (completion
+  // callbacks may deregister memory, which waits for every RegionRef).
+  RegionRef tagged_pin_;
   std::array<RegionRef, kMaxSge> refs_;
   std::size_t ref_count_ = 0;
   std::array<iovec, kMaxSge + 1> iov_{};

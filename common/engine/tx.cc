@@ -214,6 +214,7 @@ bool QpTx::StartSqMessage() {
         return true;
       }
       qp_.MarkSqDone(seq);
+      ReleaseRefs();
       qp_.RetireSq();
       return true;
     }
@@ -331,6 +332,7 @@ bool QpTx::FrameInto(Slot& slot, std::size_t header_length, std::span<const Byte
   if (status != mpa::FrameStatus::kOk) {
     // Segments are sized to fit; this is an engine bug, not a peer's.
     for (std::size_t i = 0; i < slot.source_count; ++i) slot.refs[i].Release();
+    ReleaseRefs();
     ErrorReport report;
     report.cause = rdmap::TerminateCause::RdmapLocalCatastrophic();
     report.event = AsyncEventType::kQpFatal;
@@ -352,15 +354,24 @@ bool QpTx::GatherPayload(Slot& slot, std::uint64_t offset, std::size_t length,
   MemoryTable& memory = qp_.memory();
   const PdId pd = qp_.pd();
   auto add = [&](std::uint32_t stag, std::uint64_t to, std::size_t n, AccessKind kind) {
-    AccessCheckResult check = memory.Check(stag, pd, kind, to, n);
-    if (!check.ok()) {
-      failure = check.status;
-      return false;
+    const std::size_t i = slot.source_count;
+    slot.refs[i].Release();  // none expected: a slot is emptied when reused
+    if (!RegionCovers(pin_.get(), stag, pd, kind, to, n)) {
+      AccessCheckResult check = memory.Check(stag, pd, kind, to, n);
+      if (!check.ok()) {
+        failure = check.status;
+        return false;
+      }
+      if (pin_) {
+        slot.refs[i] = std::move(check.region);
+      } else {
+        pin_ = std::move(check.region);
+      }
     }
-    const std::size_t i = slot.source_count++;
+    const MemoryRegion* region = slot.refs[i] ? slot.refs[i].get() : pin_.get();
+    slot.source_count = static_cast<std::uint8_t>(i + 1);
     slot.sources[i] = Source{stag, to, static_cast<std::uint32_t>(n)};
-    pieces[piece_count++] = ByteSpan(check.region->HostPointer(to), n);
-    slot.refs[i] = std::move(check.region);
+    pieces[piece_count++] = ByteSpan(region->HostPointer(to), n);
     slot.refs_held = true;
     return true;
   };
@@ -558,9 +569,11 @@ void QpTx::StageResponsePayload(Slot& slot, std::array<ByteSpan, kMaxSge>& piece
 bool QpTx::AcquireRefs(Slot& slot, AccessStatus& failure) {
   if (slot.refs_held || slot.source_count == 0) return true;
   MemoryTable& memory = qp_.memory();
+  const PdId pd = qp_.pd();
   for (std::size_t i = 0; i < slot.source_count; ++i) {
     const Source& s = slot.sources[i];
-    AccessCheckResult check = memory.Check(s.stag, qp_.pd(), slot.source_kind, s.to, s.length);
+    if (RegionCovers(pin_.get(), s.stag, pd, slot.source_kind, s.to, s.length)) continue;
+    AccessCheckResult check = memory.Check(s.stag, pd, slot.source_kind, s.to, s.length);
     if (!check.ok()) {
       for (std::size_t j = 0; j < i; ++j) slot.refs[j].Release();
       failure = check.status;
@@ -568,13 +581,18 @@ bool QpTx::AcquireRefs(Slot& slot, AccessStatus& failure) {
     }
     // A stale STag never names a new region, so the framed pointers still
     // point into this one.
-    slot.refs[i] = std::move(check.region);
+    if (pin_) {
+      slot.refs[i] = std::move(check.region);
+    } else {
+      pin_ = std::move(check.region);
+    }
   }
   slot.refs_held = true;
   return true;
 }
 
 void QpTx::ReleaseRefs() {
+  pin_.Release();
   if (!slots_) return;
   for (std::size_t k = 0; k < in_flight_; ++k) {
     Slot& slot = *slots_[(first_ + k) % slot_count_];
@@ -641,7 +659,10 @@ bool QpTx::Write(std::size_t& budget) {
   if (result.status == transport::IoStatus::kOk) sq_done = Advance(result.bytes);
   qp_.EndSendAccounting();
   // Completions run callbacks, which may drive the receive side.
-  if (sq_done) qp_.RetireSq();
+  if (sq_done) {
+    ReleaseRefs();  // the callbacks may deregister (see the top of tx.h)
+    qp_.RetireSq();
+  }
   switch (result.status) {
     case transport::IoStatus::kOk:
       CounterAdd(qp_.counters().tx_syscalls, 1);
@@ -711,6 +732,7 @@ void QpTx::FailSq(std::uint64_t seq, WcStatus status) {
   // A local error on a WR moves the QP to ERR; the peer learns of it from a
   // Local Catastrophic Terminate (RFC 5040 7.1 rule 1, not tied to an
   // incoming message).
+  ReleaseRefs();  // completions follow (see the top of tx.h)
   ErrorReport report;
   report.cause = rdmap::TerminateCause::RdmapLocalCatastrophic();
   report.terminate = rdmap::MakeTerminate(report.cause);
@@ -723,6 +745,7 @@ void QpTx::FailSq(std::uint64_t seq, WcStatus status) {
 void QpTx::FailResponse(AccessStatus status) {
   // The source of a Read we accepted stopped being readable (deregistered
   // or invalidated meanwhile): the Read fails as if checked now.
+  ReleaseRefs();
   ErrorReport report;
   report.cause = ReadSourceCause(status);
   report.terminate = rdmap::MakeTerminate(report.cause);
@@ -775,8 +798,7 @@ bool QpTx::FinishStartedFpdu() {
     slot.sent += result.bytes;
     CounterAdd(qp_.counters().tx_octets, result.bytes);
   }
-  for (std::size_t i = 0; i < slot.source_count; ++i) slot.refs[i].Release();
-  slot.refs_held = false;
+  ReleaseRefs();
   return slot.sent == slot.frame.wire_length();
 }
 

@@ -28,7 +28,12 @@
 // STag table before every sendmsg that reads them and their RegionRefs are
 // dropped before the gate holder returns, so a Deregister never waits for
 // the network; a piece that fails the re-check ends the stream (never
-// sending octets from memory that is no longer registered).
+// sending octets from memory that is no longer registered). The first
+// region checked in a turn is held as pin_ and the pieces that follow in
+// it are checked against it without a table lookup (one lookup per turn
+// instead of one per FPDU); pin_ goes with every slot's RegionRefs
+// (ReleaseRefs), and before anything that may complete a WR, since a
+// completion callback may deregister memory.
 //
 // Threading: every method runs with the QP's transmit gate held (see qp.h),
 // on whichever thread took it: an application thread in PostSend (inline
@@ -61,6 +66,19 @@
 #include "common/wire/terminate.h"
 
 namespace siwx::engine {
+
+// True if `region` (may be null) is the region of `stag` and passes the
+// checks MemoryTable::Check makes for this access: a region already held
+// (RegionRef) can be re-checked without a lookup in the table. Only the
+// positive answer is used; a false one goes to MemoryTable::Check, which
+// says what is wrong.
+inline bool RegionCovers(const MemoryRegion* region, std::uint32_t stag, PdId pd,
+                         AccessKind kind, std::uint64_t to, std::uint64_t length) {
+  return region != nullptr && region->stag() == stag && region->pd() == pd && region->valid() &&
+         HasAll(region->access(), RequiredFlags(kind)) && length > 0 && length - 1 <= ~to &&
+         to >= region->base_to() && length <= region->length() &&
+         to - region->base_to() <= region->length() - length;
+}
 
 class QpTx {
  public:
@@ -119,6 +137,7 @@ class QpTx {
     AccessKind source_kind = AccessKind::kLocalRead;
     std::uint8_t source_count = 0;
     std::array<Source, kMaxSge> sources{};
+    // A piece's own RegionRef, or none while pin_ holds its region.
     std::array<RegionRef, kMaxSge> refs;
     bool refs_held = false;
   };
@@ -209,6 +228,11 @@ class QpTx {
   std::size_t allocated_slots_ = 0;  // non-null entries of slots_
   std::size_t first_ = 0;   // oldest in-flight slot
   std::size_t in_flight_ = 0;
+  // The first region checked since the last ReleaseRefs (see the top).
+  // Assigned only when empty, released only by ReleaseRefs, which also
+  // marks every slot unchecked: a slot whose refs_held is true and which
+  // has no RegionRef of its own is covered by it.
+  RegionRef pin_;
 
   Message cur_;
   std::uint64_t tx_seq_ = 0;          // next SQ entry to start

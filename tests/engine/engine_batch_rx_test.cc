@@ -347,6 +347,74 @@ TEST_F(BatchErrorTest, InvalidStagInTheMiddleOfABatch) {
   EXPECT_EQ(t->cause, TerminateCause::DdpInvalidStag());
 }
 
+// RFC 5041 7.1 (and 7.2, "Base or bounds violation"): every tagged segment
+// is checked against its own target, also when the FPDUs before it in the
+// same read went to the same region (checked once, then held for the read):
+// Writes alternating between two regions land in the right one, and a Write
+// past the end of the region the read already used is refused.
+TEST_F(BatchErrorTest, WritePastTheRegionOfEarlierWritesInTheSameBatch) {
+  Build({});
+  Buffer first(300, 0);
+  Buffer second(300, 0);
+  const std::uint32_t first_key = first.Register(node_.memory(), node_.pd, kAllRemote);
+  const std::uint32_t second_key = second.Register(node_.memory(), node_.pd, kAllRemote);
+  peer().FrameTo(WriteHeader(first_key, first.addr(), false), Pattern(1, 100), wire_);
+  peer().FrameTo(WriteHeader(second_key, second.addr() + 100), Pattern(2, 100), wire_);
+  peer().FrameTo(WriteHeader(first_key, first.addr() + 100), Pattern(3, 100), wire_);
+  // 100 octets from offset 250 of a 300-octet region.
+  peer().FrameTo(WriteHeader(first_key, first.addr() + 250), Pattern(4, 100), wire_);
+  Finish(kBefore + 1);
+  ExpectBatchCut();
+  const std::optional<rdmap::TerminateHeader> t = peer().WaitTerminate();
+  ASSERT_TRUE(t.has_value());
+  EXPECT_EQ(t->cause, TerminateCause::DdpBaseOrBounds());
+  const Bytes p1 = Pattern(1, 100);
+  const Bytes p2 = Pattern(2, 100);
+  const Bytes p3 = Pattern(3, 100);
+  EXPECT_TRUE(SameBytes(first.data(), p1.data(), p1.size()));
+  EXPECT_TRUE(SameBytes(first.data() + 100, p3.data(), p3.size()));
+  for (std::size_t i = 200; i < first.size(); ++i) ASSERT_EQ(first.data()[i], 0) << i;
+  for (std::size_t i = 0; i < 100; ++i) ASSERT_EQ(second.data()[i], 0) << i;
+  EXPECT_TRUE(SameBytes(second.data() + 100, p2.data(), p2.size()));
+  EXPECT_TRUE(first.GuardsIntact());
+  EXPECT_TRUE(second.GuardsIntact());
+  // Nothing holds the regions after the read: deregistering returns (it
+  // waits for every holder, memory.h).
+  EXPECT_EQ(node_.memory().Deregister(first_key), DeregisterStatus::kOk);
+  EXPECT_EQ(node_.memory().Deregister(second_key), DeregisterStatus::kOk);
+}
+
+// A stream of Writes that stays open: once the Writes are placed, nothing of
+// the receive side holds their region any more, so it can be deregistered
+// (Deregister waits for every holder, memory.h) and a later Write to it is
+// refused with Invalid STag (RFC 5041 7.2).
+TEST(BatchRxPinTest, RegionOfPlacedWritesCanBeDeregistered) {
+  Node node;
+  PrewrittenLink link(node, LinkOptions{});
+  Buffer target(4096, 0);
+  const std::uint32_t key = target.Register(node.memory(), node.pd, kAllRemote, true);
+  Buffer recv(64, 0);
+  PostRecv(node, 1, recv, recv.Register(node.memory(), node.pd, AccessFlags::kLocalWrite));
+  Bytes wire;
+  for (std::uint32_t k = 0; k < 4; ++k) {
+    link.peer().FrameTo(WriteHeader(key, target.addr() + 1024 * k, k == 3), Pattern(k, 1024),
+                        wire);
+  }
+  // RFC 5040 5.5: the Send is delivered after the Writes before it.
+  link.peer().FrameTo(SendHeaderOf(1, 0), Pattern(8, 16), wire);
+  link.WriteThenBind(wire);
+  ASSERT_EQ(WaitCompletions(*node.recv_cq, 1).size(), 1u);
+  for (std::uint32_t k = 0; k < 4; ++k) {
+    const Bytes want = Pattern(k, 1024);
+    EXPECT_TRUE(SameBytes(target.data() + 1024 * k, want.data(), want.size())) << k;
+  }
+  EXPECT_EQ(node.memory().Deregister(key), DeregisterStatus::kOk);
+  link.peer().SendHeader(WriteHeader(key, target.addr()), Pattern(9, 64));
+  const std::optional<rdmap::TerminateHeader> t = link.peer().WaitTerminate();
+  ASSERT_TRUE(t.has_value());
+  EXPECT_EQ(t->cause, TerminateCause::DdpInvalidStag());
+}
+
 // RFC 5040 7.1: the peer's Terminate is the last message it sends; what
 // follows it in the same read is not processed.
 TEST_F(BatchErrorTest, PeerTerminateInTheMiddleOfABatch) {
