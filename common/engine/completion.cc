@@ -150,8 +150,16 @@ void CompletionQueue::RemoveDriver(PollDriver* driver) {
 }
 
 void CompletionQueue::Arm(CqArm arm) {
-  std::lock_guard lock(mutex_);
-  if (arm == CqArm::kNone || arm > arm_) arm_ = arm;  // widen, never narrow
+  {
+    std::lock_guard lock(mutex_);
+    if (arm == CqArm::kNone || arm > arm_) arm_ = arm;  // widen, never narrow
+  }
+  // A callback inside a driver's turn may hold drivers_mutex_ already (on
+  // this thread): it skips, and a lease it does not return ends by itself
+  // (Qp::kReadLease).
+  if (arm == CqArm::kNone || tls_driving) return;
+  std::lock_guard lock(drivers_mutex_);
+  for (PollDriver* driver : drivers_) driver->OnCqArmed(*this);
 }
 
 CqArm CompletionQueue::arm() const {

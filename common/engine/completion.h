@@ -131,6 +131,9 @@ class PollDriver {
  public:
   virtual ~PollDriver() = default;
   virtual void DriveFromPoll(const CompletionQueue& polled) = 0;
+  // `cq` was armed (ibv_req_notify_cq): its application is about to sleep
+  // and no longer drives; whatever progress driving held back must resume.
+  virtual void OnCqArmed(const CompletionQueue& cq) = 0;
 };
 
 enum class PushStatus : std::uint8_t {
@@ -185,7 +188,9 @@ class CompletionQueue {
   // (siwx_qp_unpolled_completions).
   std::size_t CountSuccessful(std::uint32_t qp_num) const;
 
-  // ibv_req_notify_cq. kNone disarms.
+  // ibv_req_notify_cq. kNone disarms. Arming tells every driver
+  // (PollDriver::OnCqArmed), so progress held back for a polling
+  // application resumes on the progress thread before it sleeps.
   void Arm(CqArm arm);
 
   std::uint32_t capacity() const { return capacity_; }

@@ -1,11 +1,49 @@
 // SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 #include "common/engine/engine.h"
 
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <utility>
 
 namespace siwx::engine {
+
+namespace {
+
+// The kernel's struct sched_attr (include/uapi/linux/sched/types.h), up to
+// sched_period; glibc before 2.41 has no wrapper.
+struct SchedAttr {
+  std::uint32_t size;
+  std::uint32_t sched_policy;
+  std::uint64_t sched_flags;
+  std::int32_t sched_nice;
+  std::uint32_t sched_priority;
+  std::uint64_t sched_runtime;
+  std::uint64_t sched_deadline;
+  std::uint64_t sched_period;
+};
+
+// Asks for the shortest EEVDF slice (0.1 ms) for the calling thread, which
+// stays SCHED_OTHER at its nice level: on kernels >= 6.12 a woken thread
+// whose slice is shorter than the running thread's preempts it at once
+// (PREEMPT_SHORT), so the progress thread's wake-up is not queued behind a
+// spinning application thread's 1.5 ms slice (docs/performance-notes.md 3.2).
+// Needs no privilege; older kernels (Debian 12's 6.1) accept and ignore
+// sched_runtime for SCHED_OTHER, and any failure leaves the thread as it was.
+void RequestShortSlice() {
+  SchedAttr attr{};
+  if (syscall(SYS_sched_getattr, 0, &attr, sizeof(attr), 0) != 0) return;
+  if (attr.sched_policy != SCHED_OTHER) return;  // the application chose otherwise
+  attr.size = sizeof(attr);
+  attr.sched_flags = 0;
+  attr.sched_runtime = 100'000;  // ns; the kernel's minimum custom slice
+  syscall(SYS_sched_setattr, 0, &attr, 0);
+}
+
+}  // namespace
 
 std::unique_ptr<Engine> Engine::Create(EngineConfig config) {
   std::unique_ptr<Engine> engine(new Engine(std::move(config)));
@@ -13,7 +51,11 @@ std::unique_ptr<Engine> Engine::Create(EngineConfig config) {
   return engine;
 }
 
-Engine::Engine(EngineConfig config) : config_(std::move(config)), memory_(config_.memory) {}
+Engine::Engine(EngineConfig config)
+    : config_(std::move(config)),
+      memory_(config_.memory),
+      spin_budget_(std::clamp(config_.progress_spin, std::chrono::microseconds::zero(),
+                              kMaxProgressSpin)) {}
 
 bool Engine::Start() {
   if (poller_.Add(doorbell_.fd(), &doorbell_, /*want_read=*/true, /*want_write=*/false) != 0) {
@@ -25,6 +67,7 @@ bool Engine::Start() {
       // Start() publishes thread_id_ under this lock before the loop runs.
       std::lock_guard started(command_mutex_);
     }
+    RequestShortSlice();
     Run();
   });
   thread_id_ = thread_.get_id();
@@ -141,7 +184,7 @@ void Engine::Emit(const AsyncEvent& event) const {
 void Engine::Run() {
   std::array<transport::Poller::Event, 64> events{};
   while (!stop_.load(std::memory_order_acquire)) {
-    const int n = poller_.Wait(events, TimerWaitMs());
+    const int n = WaitForEvents(events);
     bool rung = false;
     for (int i = 0; i < n; ++i) {
       const transport::Poller::Event& ev = events[static_cast<std::size_t>(i)];
@@ -157,6 +200,33 @@ void Engine::Run() {
     RunCommands();
     RunTimers();
   }
+}
+
+int Engine::WaitForEvents(std::span<transport::Poller::Event> events) {
+  const int timeout_ms = TimerWaitMs();
+  const std::chrono::nanoseconds spin_max =
+      std::clamp(config_.progress_spin, std::chrono::microseconds::zero(), kMaxProgressSpin);
+  if (spin_max <= std::chrono::nanoseconds::zero() || timeout_ms == 0) {
+    return poller_.Wait(events, timeout_ms);
+  }
+  // Polls without blocking for up to spin_budget_, then sleeps. The budget
+  // halves after a spin that found nothing and returns to the maximum when
+  // the sleep that followed ended within the maximum (a longer spin would
+  // have caught that event): spinning stops paying for itself once events
+  // come more slowly than the spin lasts (docs/performance-notes.md 3.3).
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point spin_start = Clock::now();
+  while (Clock::now() - spin_start < spin_budget_) {
+    const int n = poller_.Wait(events, 0);
+    if (n > 0) return n;
+    if (stop_.load(std::memory_order_relaxed)) return 0;
+  }
+  spin_budget_ /= 2;
+  if (spin_budget_ < std::chrono::microseconds(1)) spin_budget_ = {};
+  const Clock::time_point sleep_start = Clock::now();
+  const int n = poller_.Wait(events, timeout_ms);
+  if (n > 0 && Clock::now() - sleep_start <= spin_max) spin_budget_ = spin_max;
+  return n;
 }
 
 void Engine::ScheduleTimer(const std::shared_ptr<Qp>& qp, TimerClock::time_point when) {

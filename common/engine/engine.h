@@ -47,6 +47,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -63,10 +64,17 @@ namespace siwx::engine {
 // long to close; then the stream is reset (RST) and every WR flushed.
 inline constexpr std::chrono::milliseconds kDefaultTeardownTimeout{10000};
 
+// Longest progress_spin (SIWX_PROGRESS_SPIN_US).
+inline constexpr std::chrono::microseconds kMaxProgressSpin{1000};
+
 struct EngineConfig {
   MemoryTable::Options memory;
   AsyncEventCallback on_async_event;  // called on the thread that found the event
   std::chrono::milliseconds teardown_timeout = kDefaultTeardownTimeout;  // must be positive
+  // Up to how long the progress thread polls without blocking after its
+  // last event before it sleeps in epoll_wait (0: never, the default; at
+  // most kMaxProgressSpin). Adaptive: spins that find nothing shorten it.
+  std::chrono::microseconds progress_spin{0};
 };
 
 enum class CreateQpStatus : std::uint8_t {
@@ -119,6 +127,9 @@ class Engine {
   // epoll_wait's timeout until the earliest timer (-1: none).
   int TimerWaitMs();
   void RunTimers();
+  // Waits for poller events: epoll_wait, after the adaptive spin if
+  // config_.progress_spin asks for one.
+  int WaitForEvents(std::span<transport::Poller::Event> events);
   std::chrono::milliseconds teardown_timeout() const { return config_.teardown_timeout; }
   // Submits and waits until it ran, unless on the progress thread or the
   // engine is stopping (then it only submits).
@@ -146,6 +157,9 @@ class Engine {
 
   std::mutex timer_mutex_;
   std::multimap<TimerClock::time_point, std::weak_ptr<Qp>> timers_;  // guarded by timer_mutex_
+
+  // Progress thread only: the current spin budget (adaptive, <= progress_spin).
+  std::chrono::nanoseconds spin_budget_{0};
 
   std::atomic<bool> stop_{false};
   std::thread thread_;

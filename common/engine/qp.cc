@@ -838,6 +838,7 @@ void Qp::Attach() {
       poll_fd_ = stream_->fd();
       want_write_ = false;
       read_closed_ = false;
+      read_leased_ = false;
       add_error = engine_->poller().Add(poll_fd_, this, /*want_read=*/true, /*want_write=*/false);
       polled_ = add_error == 0;
     }
@@ -1033,6 +1034,20 @@ void Qp::FlushReceives() {
 
 void Qp::OnTimer(std::chrono::steady_clock::time_point now) {
   if (detached_ || !attached_) return;
+  bool leased;
+  {
+    std::lock_guard lock(poll_mutex_);
+    leased = read_leased_;
+  }
+  if (leased) {
+    const std::chrono::steady_clock::time_point until(
+        std::chrono::steady_clock::duration(read_lease_until_.load(std::memory_order_relaxed)));
+    if (now >= until) {
+      EndReadLease();
+    } else {
+      engine_->ScheduleTimer(shared_from_this(), until);  // a driving poll extended it
+    }
+  }
   if (first_fpdu_deadline_ && now >= *first_fpdu_deadline_) {
     first_fpdu_deadline_.reset();
     if (!rtr_received_.load(std::memory_order_acquire)) {
@@ -1097,14 +1112,56 @@ void Qp::DriveFromPoll(const CompletionQueue& polled) {
   // is not retried from here when the socket is full: a sendmsg that finds
   // no room on every empty poll cost ib_write_bw more than half its
   // bandwidth (docs/performance-notes.md 3.1).
+  // Such a poll takes (or extends) the read lease; while it lasts, any
+  // empty poll of either CQ reads, as the progress thread does not.
   const bool receives = &polled == config_.recv_cq && rq_->size() > 0;
   const bool reads = &polled == config_.send_cq && ReadsOutstanding();
-  if (!receives && !reads) return;
+  const bool leased =
+      std::chrono::steady_clock::now().time_since_epoch().count() <
+      read_lease_until_.load(std::memory_order_relaxed);
+  if (!receives && !reads && !leased) return;
   std::unique_lock rx_lock(rx_mutex_, std::try_to_lock);
   if (!rx_lock.owns_lock() || !attached_ || finalized_ || detached_ || !stream_) return;
   tls_rx_driver = this;
   rx_.OnReadable(*stream_);
   tls_rx_driver = nullptr;
+  if (receives || reads) ExtendReadLease();
+}
+
+void Qp::OnCqArmed(const CompletionQueue& /*cq*/) {
+  if (read_lease_until_.load(std::memory_order_relaxed) != 0) EndReadLease();
+}
+
+void Qp::ExtendReadLease() {
+  const auto until = std::chrono::steady_clock::now() + kReadLease;
+  read_lease_until_.store(until.time_since_epoch().count(), std::memory_order_relaxed);
+  {
+    std::lock_guard lock(poll_mutex_);
+    if (read_leased_ || !polled_ || read_closed_) return;
+    if (ApplyPollInterest(false, want_write_) != 0) return;  // stays as it was
+    read_leased_ = true;
+  }
+  engine_->ScheduleTimer(shared_from_this(), until);
+}
+
+void Qp::EndReadLease() {
+  read_lease_until_.store(0, std::memory_order_relaxed);
+  bool lost;
+  {
+    std::lock_guard lock(poll_mutex_);
+    if (!read_leased_) return;
+    lost = polled_ && !read_closed_ && ApplyPollInterest(true, want_write_) != 0;
+    read_leased_ = false;
+  }
+  if (lost) {
+    // Without read interest nothing would read for an application that
+    // stops polling: the stream is lost.
+    ErrorReport report;
+    report.cause = rdmap::TerminateCause::MpaLocalCatastrophic();
+    report.event = AsyncEventType::kQpFatal;
+    report.abort = true;
+    RaiseError(report);
+  }
 }
 
 bool Qp::ReadsOutstanding() const {
@@ -1116,7 +1173,7 @@ bool Qp::ReadsOutstanding() const {
 // both directions reports EPOLLHUP even with an empty mask, which would wake
 // the progress thread in a loop until the QP is destroyed.
 int Qp::ApplyPollInterest(bool read, bool write) {
-  const bool was_in = !read_closed_ || want_write_;
+  const bool was_in = (!read_closed_ && !read_leased_) || want_write_;
   const bool now_in = read || write;
   if (was_in && now_in) return engine_->poller().Modify(poll_fd_, this, read, write);
   if (now_in) return engine_->poller().Add(poll_fd_, this, read, write);
@@ -1128,7 +1185,7 @@ bool Qp::SetWriteInterest(bool want) {
   std::lock_guard lock(poll_mutex_);
   if (!polled_) return false;
   if (want_write_ != want) {
-    if (ApplyPollInterest(!read_closed_, want) != 0) return false;
+    if (ApplyPollInterest(!read_closed_ && !read_leased_, want) != 0) return false;
     want_write_ = want;
   }
   return true;
@@ -1147,6 +1204,7 @@ void Qp::StopPolling() {
   ApplyPollInterest(false, false);
   polled_ = false;
   want_write_ = false;
+  read_leased_ = false;
 }
 
 void Qp::EmitEvent(AsyncEventType type) { engine_->Emit(AsyncEvent{type, qp_num_}); }

@@ -272,6 +272,7 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // Transmit needs no turn here: PostSend transmits inline, and a socket
   // that was full is the progress thread's (EPOLLOUT).
   void DriveFromPoll(const CompletionQueue& polled) override;
+  void OnCqArmed(const CompletionQueue& cq) override;
 
  private:
   friend class Engine;
@@ -482,10 +483,25 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   bool polled_ = false;       // guarded by poll_mutex_; fd is in the engine's poller
   bool want_write_ = false;   // guarded by poll_mutex_
   bool read_closed_ = false;  // guarded by poll_mutex_
+  // Read interest is off while an application thread drives the receive
+  // side from its CQ polls (the read lease), so the progress thread is not
+  // woken for data that thread reads anyway. Every driving poll extends the
+  // lease to now + kReadLease; it ends on the progress thread when it runs
+  // out (OnTimer), when a CQ of ours is armed, and with the stream.
+  static constexpr std::chrono::milliseconds kReadLease{1};
+  bool read_leased_ = false;  // guarded by poll_mutex_
+  std::atomic<std::chrono::steady_clock::rep> read_lease_until_{0};
   int poll_fd_ = -1;          // guarded by poll_mutex_
-  // Moves the fd's registration from (!read_closed_, want_write_) to the
-  // given interest; with poll_mutex_ held. Returns an errno.
+  // Moves the fd's registration from its current interest (read unless
+  // read_closed_ or read_leased_; write if want_write_) to the given one;
+  // with poll_mutex_ held. Returns an errno.
   int ApplyPollInterest(bool read, bool write);
+  // Application thread in DriveFromPoll (rx_mutex_ held): extends the lease,
+  // taking read interest off at its start.
+  void ExtendReadLease();
+  // Any thread: read interest back (level-triggered: data that came during
+  // the lease wakes the progress thread at once).
+  void EndReadLease();
 
   // Owned by the transmit-gate holder. `stream_` is set and reset only on the
   // progress thread while it holds the gate exclusively, so the gate holder

@@ -72,6 +72,27 @@ std::chrono::milliseconds TeardownTimeout() {
   return timeout;
 }
 
+// SIWX_PROGRESS_SPIN_US (README, Configuration), read once per process: how
+// long the progress thread may poll before it sleeps (engine::EngineConfig).
+std::chrono::microseconds ProgressSpin() {
+  static const std::chrono::microseconds spin = [] {
+    const long max = static_cast<long>(engine::kMaxProgressSpin.count());
+    const char* value = std::getenv("SIWX_PROGRESS_SPIN_US");
+    if (value == nullptr || value[0] == '\0') return std::chrono::microseconds(0);
+    char* end = nullptr;
+    errno = 0;
+    const long us = std::strtol(value, &end, 10);
+    if (errno != 0 || end == value || *end != '\0' || us < 0 || us > max) {
+      SIWX_LOG(kWarn, "SIWX_PROGRESS_SPIN_US='%s' is not a number of microseconds in 0..%ld; "
+                      "using 0 (no spin)",
+               value, max);
+      return std::chrono::microseconds(0);
+    }
+    return std::chrono::microseconds(us);
+  }();
+  return spin;
+}
+
 verbs_context* AllocContext(ibv_device* ibdev, int cmd_fd, void* private_data) noexcept;
 
 }  // namespace
@@ -158,6 +179,7 @@ verbs_context* AllocContext(ibv_device* ibdev, int cmd_fd, void* /*private_data*
         OnEngineEvent(context, event);
       };
       config.teardown_timeout = TeardownTimeout();
+      config.progress_spin = ProgressSpin();
       errno = 0;
       state->engine = engine::Engine::Create(std::move(config));
       if (state->engine == nullptr) {

@@ -5,7 +5,9 @@
 // thread cannot run; every message is processed exactly once and in order
 // when pollers of both CQs, posting threads and the progress thread race on
 // one QP; and Destroy and a peer's close are safe while another thread
-// polls.
+// polls. A polling application holds the QP's read lease (read interest off
+// the poller); progress goes back to the progress thread when it stops
+// polling or arms the CQ.
 #include <gtest/gtest.h>
 
 #include <condition_variable>
@@ -382,6 +384,142 @@ TEST_F(PollProgressTest, PeerCloseWhileThePollerDrivesFlushesTheReceivesOnce) {
   }
   EXPECT_TRUE(WaitUntil([&] { return b_.qp->state() == QpState::kError; }));
   EXPECT_TRUE(StaysEmpty(*b_.recv_cq, std::chrono::milliseconds(50)));
+}
+
+// The poller drives b's receive side and so holds its read lease; then it
+// stops polling without arming anything. The next message must still
+// complete, through the progress thread once the lease ran out (the passive
+// side of a benchmark polls nothing).
+TEST_F(PollProgressTest, MessageCompletesAfterThePollerStopsPolling) {
+  Link(a_, b_, Transport::kTcp, {});
+  Buffer rbuf(64);
+  const std::uint32_t key = rbuf.Register(b_.memory(), b_.pd, AccessFlags::kLocalWrite);
+  for (std::uint64_t id = 0; id < 4; ++id) PostRecv(b_, id, rbuf, key);
+  ASSERT_EQ(a_.qp->PostSend(MakeSend(0, SendOpcode::kSend)), PostStatus::kOk);
+  ASSERT_EQ(PollProgressFor(*b_.recv_cq, 1).size(), 1u);
+  // Empty polls that drive: the lease is taken and extended.
+  std::array<WorkCompletion, 4> batch;
+  for (int i = 0; i < 100; ++i) ASSERT_EQ(b_.recv_cq->PollWithProgress(batch), 0u);
+
+  // An RDMA Write (no completion at b) and a Send; b's thread only looks.
+  Buffer target(256);
+  const std::uint32_t rkey = target.Register(b_.memory(), b_.pd, kAllRemote);
+  Buffer src(256);
+  src.Fill(4);
+  SendWorkRequest write = MakeSend(1, SendOpcode::kRdmaWrite);
+  AddSge(write, src.addr(), 256, src.Register(a_.memory(), a_.pd, AccessFlags::kLocalWrite));
+  write.rkey = rkey;
+  write.remote_addr = target.addr();
+  ASSERT_EQ(a_.qp->PostSend(write), PostStatus::kOk);
+  ASSERT_EQ(a_.qp->PostSend(MakeSend(2, SendOpcode::kSend)), PostStatus::kOk);
+  const auto wc = WaitCompletions(*b_.recv_cq, 1);  // Poll only: no driving
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].wr_id, 1u);
+  EXPECT_EQ(wc[0].status, WcStatus::kSuccess);
+  EXPECT_TRUE(SameBytes(target.data(), src.data(), 256));
+}
+
+// Arming the CQ while the poller holds the read lease (it ends there and
+// then): the next message is notified and completes with nobody polling.
+TEST_F(PollProgressTest, ArmingTheCqWhileLeasedLosesNothing) {
+  Link(a_, b_, Transport::kTcp, {});
+  Buffer rbuf(64);
+  const std::uint32_t key = rbuf.Register(b_.memory(), b_.pd, AccessFlags::kLocalWrite);
+  for (std::uint64_t id = 0; id < 4; ++id) PostRecv(b_, id, rbuf, key);
+  ASSERT_EQ(a_.qp->PostSend(MakeSend(0, SendOpcode::kSend)), PostStatus::kOk);
+  ASSERT_EQ(PollProgressFor(*b_.recv_cq, 1).size(), 1u);
+  std::array<WorkCompletion, 4> batch;
+  for (int i = 0; i < 100; ++i) ASSERT_EQ(b_.recv_cq->PollWithProgress(batch), 0u);
+  b_.recv_cq->Arm(CqArm::kNextCompletion);
+  ASSERT_EQ(a_.qp->PostSend(MakeSend(1, SendOpcode::kSend)), PostStatus::kOk);
+  EXPECT_TRUE(WaitUntil([&] { return b_.recv_notifications.load() == 1; }));
+  const auto wc = WaitCompletions(*b_.recv_cq, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].wr_id, 1u);
+}
+
+// A poller that keeps taking the read lease, pausing (the lease runs out on
+// the progress thread) and arming the CQ (it ends on this thread), while
+// the peer streams Sends and Writes: every message completes once, in
+// order, with its data, whoever read it.
+TEST_F(PollProgressTest, LeaseTakenExpiredAndReturnedWhileThePeerStreams) {
+  Link(a_, b_, Transport::kTcp, {});
+  constexpr std::size_t kMessages = 1500;
+  constexpr std::size_t kMaxSize = 5000;
+  constexpr std::size_t kWindow = 64;
+  Buffer rbufs(kWindow * kMaxSize);
+  const std::uint32_t rkey = rbufs.Register(b_.memory(), b_.pd, AccessFlags::kLocalWrite);
+  auto post_slot = [&](std::uint64_t id) {
+    ReceiveWorkRequest rwr;
+    rwr.wr_id = id;
+    AddSge(rwr, rbufs.addr() + (id % kWindow) * kMaxSize, kMaxSize, rkey);
+    return b_.qp->PostRecv(rwr) == PostStatus::kOk;
+  };
+  for (std::uint64_t id = 0; id < kWindow; ++id) ASSERT_TRUE(post_slot(id));
+  Buffer target(kMaxSize);
+  const std::uint32_t target_key = target.Register(b_.memory(), b_.pd, kAllRemote);
+  Buffer src(kMaxSize);
+  src.Fill(8);
+  const std::uint32_t skey = src.Register(a_.memory(), a_.pd, AccessFlags::kLocalWrite);
+  auto size_of = [](std::size_t i) { return (i * 613) % kMaxSize; };
+  std::atomic<std::size_t> consumed{0};
+  std::atomic<bool> failed{false};
+
+  std::thread sender([&] {
+    std::size_t sent = 0;
+    std::size_t completed = 0;
+    std::array<WorkCompletion, 16> batch;
+    const auto deadline = Clock::now() + kWait;
+    while (completed < 2 * kMessages && Clock::now() < deadline) {
+      if (sent < kMessages && sent - consumed.load() < kWindow / 2) {
+        // A Write into b's target (no completion at b), then the Send.
+        SendWorkRequest write = MakeSend(2 * sent, SendOpcode::kRdmaWrite);
+        AddSge(write, src.addr(), static_cast<std::uint32_t>(size_of(sent)), skey);
+        write.rkey = target_key;
+        write.remote_addr = target.addr();
+        SendWorkRequest send = MakeSend(2 * sent + 1, SendOpcode::kSend);
+        AddSge(send, src.addr(), static_cast<std::uint32_t>(size_of(sent)), skey);
+        if (a_.qp->PostSend(write) != PostStatus::kOk || a_.qp->PostSend(send) != PostStatus::kOk) {
+          failed = true;
+          return;
+        }
+        ++sent;
+      }
+      completed += a_.send_cq->PollWithProgress(batch);
+    }
+    if (completed != 2 * kMessages) failed = true;
+  });
+
+  std::size_t received = 0;
+  std::size_t mismatches = 0;
+  std::array<WorkCompletion, 16> batch;
+  const auto deadline = Clock::now() + kWait;
+  for (std::size_t turn = 0; received < kMessages && Clock::now() < deadline; ++turn) {
+    // A burst of driving polls, then a pause or an arm, in turns.
+    std::size_t got = 0;
+    for (int i = 0; i < 200 && got == 0; ++i) got = b_.recv_cq->PollWithProgress(batch);
+    if (turn % 7 == 3) b_.recv_cq->Arm(CqArm::kNextCompletion);
+    if (turn % 11 == 5) std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    if (got == 0) got = b_.recv_cq->Poll(batch);
+    for (std::size_t i = 0; i < got; ++i) {
+      const WorkCompletion& wc = batch[i];
+      const std::size_t size = size_of(received);
+      const std::uint8_t* at = rbufs.data() + (received % kWindow) * kMaxSize;
+      if (wc.wr_id != received || wc.status != WcStatus::kSuccess || wc.byte_len != size ||
+          !SameBytes(at, src.data(), size)) {
+        ++mismatches;
+      }
+      ++received;
+      if (wc.wr_id + kWindow < kMessages && !post_slot(wc.wr_id + kWindow)) ++mismatches;
+      consumed.store(received);
+    }
+  }
+  sender.join();
+  EXPECT_FALSE(failed.load());
+  EXPECT_EQ(received, kMessages);
+  EXPECT_EQ(mismatches, 0u);
+  EXPECT_TRUE(StaysEmpty(*b_.recv_cq, std::chrono::milliseconds(20)));
+  EXPECT_EQ(b_.qp->Counters().rx_fpdus, a_.qp->Counters().tx_fpdus);
 }
 
 }  // namespace
