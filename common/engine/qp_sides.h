@@ -98,7 +98,7 @@ inline void CounterAdd(std::atomic<std::uint64_t>& counter, std::uint64_t n) {
   counter.store(counter.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
 }
 
-// What both sides use. No locks.
+// What both sides use. Calls without a lock note take none.
 class QpForSide {
  public:
   virtual std::uint32_t qp_num() const = 0;
