@@ -277,6 +277,7 @@ std::vector<std::unique_ptr<QpTx::Slot>>& QpTx::SlotCache() {
 }
 
 void QpTx::ReleaseIdleSlots() {
+  static_assert(kKeptSlots == 1, "the kept slot is slot 0, where the next FPDU goes");
   first_ = 0;
   if (allocated_slots_ > kKeptSlots) {
     std::vector<std::unique_ptr<Slot>>& cache = SlotCache();

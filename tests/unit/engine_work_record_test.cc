@@ -5,8 +5,10 @@
 // whose records wrap around with different SGE counts.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "common/engine/receive_queue.h"
