@@ -23,9 +23,10 @@
 // header arrives (STag, PD, rights, bounds, MSN, MO, lengths); one that fails
 // is not placed at all, its payload is read and CRC-checked by the parser
 // and dropped, and the Terminate is raised when the FPDU ends, so a CRC
-// error in the same FPDU takes precedence (RFC 5044 8). Each read into
-// registered memory re-checks the range it writes and holds the RegionRefs
-// only for that read (memory.h).
+// error in the same FPDU takes precedence (RFC 5044 8). Each placement into
+// registered memory re-checks the range it writes (a tagged target against
+// the region already held for this read, tagged_pin_, else in the table)
+// and RegionRefs are held only for the octets of one read (memory.h).
 //
 // Registered memory whose protection the application changed (mprotect
 // read-only, munmap) after registering it breaks the registration, which
