@@ -4,12 +4,14 @@
 // progress thread.
 //
 // The progress thread blocks in epoll_wait on every bound QP's socket and on
-// a Doorbell (eventfd); it never busy-polls (docs/performance-notes.md 3:
-// spinning engine threads destroy latency on a 2-vCPU host). It does the
-// receive processing (so an RDMA Write target makes progress while its
-// application does nothing) unless an application thread that polls one of
-// the QP's CQs empty takes that turn itself (Qp::DriveFromPoll: a thread
-// spinning in ibv_poll_cq needs no wake-up of this one). It produces Read
+// a Doorbell (eventfd); by default it never busy-polls (docs/performance-
+// notes.md 3: spinning engine threads destroy latency on a 2-vCPU host);
+// EngineConfig::progress_spin opts into a short adaptive spin (3.3). It
+// does the receive processing (so an RDMA Write target makes progress while
+// its application does nothing) unless an application thread that polls
+// one of the QP's CQs empty takes that turn itself (Qp::DriveFromPoll: a
+// thread spinning in ibv_poll_cq needs no wake-up of this one; while it
+// drives, its read lease keeps the socket's read interest off the poller). It produces Read
 // Responses, continues transmitting when a socket becomes writable, and
 // runs the commands application threads hand it (attach a stream, finalize
 // a QP after an error or close, detach on destroy, flush receives, take
