@@ -1,49 +1,11 @@
 // SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 #include "common/engine/engine.h"
 
-#include <sched.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <array>
 #include <utility>
 
 namespace siwx::engine {
-
-namespace {
-
-// The kernel's struct sched_attr (include/uapi/linux/sched/types.h), up to
-// sched_period; glibc before 2.41 has no wrapper.
-struct SchedAttr {
-  std::uint32_t size;
-  std::uint32_t sched_policy;
-  std::uint64_t sched_flags;
-  std::int32_t sched_nice;
-  std::uint32_t sched_priority;
-  std::uint64_t sched_runtime;
-  std::uint64_t sched_deadline;
-  std::uint64_t sched_period;
-};
-
-// Asks for the shortest EEVDF slice (0.1 ms) for the calling thread, which
-// stays SCHED_OTHER at its nice level: on kernels >= 6.12 a woken thread
-// whose slice is shorter than the running thread's preempts it at once
-// (PREEMPT_SHORT), so the progress thread's wake-up is not queued behind a
-// spinning application thread's 1.5 ms slice (docs/performance-notes.md 3.2).
-// Needs no privilege; older kernels (Debian 12's 6.1) accept and ignore
-// sched_runtime for SCHED_OTHER, and any failure leaves the thread as it was.
-void RequestShortSlice() {
-  SchedAttr attr{};
-  if (syscall(SYS_sched_getattr, 0, &attr, sizeof(attr), 0) != 0) return;
-  if (attr.sched_policy != SCHED_OTHER) return;  // the application chose otherwise
-  attr.size = sizeof(attr);
-  attr.sched_flags = 0;
-  attr.sched_runtime = 100'000;  // ns; the kernel's minimum custom slice
-  syscall(SYS_sched_setattr, 0, &attr, 0);
-}
-
-}  // namespace
 
 std::unique_ptr<Engine> Engine::Create(EngineConfig config) {
   std::unique_ptr<Engine> engine(new Engine(std::move(config)));
@@ -67,7 +29,6 @@ bool Engine::Start() {
       // Start() publishes thread_id_ under this lock before the loop runs.
       std::lock_guard started(command_mutex_);
     }
-    RequestShortSlice();
     Run();
   });
   thread_id_ = thread_.get_id();

@@ -4,16 +4,18 @@
 // progress thread.
 //
 // The progress thread blocks in epoll_wait on every bound QP's socket and on
-// a Doorbell (eventfd); it never busy-polls (docs/performance-notes.md 3:
-// spinning engine threads destroy latency on a 2-vCPU host). It is the
-// fallback for the QPs' own work, which application threads do when they
-// can (qp.h, Threading): it does the receive processing when a socket is
-// readable (so an RDMA Write target makes progress while its application
+// a Doorbell (eventfd); by default it never busy-polls (docs/performance-
+// notes.md 3: spinning engine threads destroy latency on a 2-vCPU host);
+// EngineConfig::progress_spin opts into a short adaptive spin (3.3). It is
+// the fallback for the QPs' own work, which application threads do when
+// they can (qp.h, Threading): it does the receive processing when a socket
+// is readable (so an RDMA Write target makes progress while its application
 // does nothing), unless an application thread that polls one of the QP's
 // CQs empty takes that turn itself (Qp::DriveFromPoll: a thread spinning in
-// ibv_poll_cq needs no wake-up of this one); a receive turn kicks the
-// transmit side for the Read Responses it owes on its own thread (or leaves
-// them to the gate's current owner). It continues transmitting when
+// ibv_poll_cq needs no wake-up of this one; while it drives, its read lease
+// keeps the socket's read interest off the poller); a receive turn kicks
+// the transmit side for the Read Responses it owes on its own thread (or
+// leaves them to the gate's current owner). It continues transmitting when
 // a socket becomes writable (application threads transmit inline from
 // PostSend), and runs the commands application threads hand it (attach a
 // stream, finalize a QP after an error or close, detach on destroy, flush
