@@ -1586,6 +1586,18 @@ TEST(EngineDestroy, DestroyAnEngineWhileTrafficIsInFlight) {
     // Writes to a while the engine goes away.
     stop_a.store(true);
     ta.join();
+    // A starved test thread may find a's windows drained by now: fill each
+    // SQ with 256 KiB Writes (up to 16 MiB per QP, far more than the
+    // sockets hold), so the engine goes with WRs in flight.
+    for (auto& l : pairs.la) {
+      for (std::uint64_t i = 0; i < 64; ++i) {
+        SendWorkRequest wr = MakeSend((1u << 20) + i, SendOpcode::kRdmaWrite);
+        AddSge(wr, l->src.addr(), Lane::kWrite, l->src_key);
+        wr.rkey = l->peer->dst_key;
+        wr.remote_addr = l->peer->dst.addr();
+        if (l->node->qp->PostSend(wr) != PostStatus::kOk) break;
+      }
+    }
     std::array<std::size_t, kDestroyPairs> a_send{}, a_recv{};
     std::size_t a_outstanding = 0;
     for (std::size_t p = 0; p < kDestroyPairs; ++p) {
