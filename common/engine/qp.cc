@@ -1114,16 +1114,23 @@ void Qp::DriveFromPoll(const CompletionQueue& polled) {
   // bandwidth (docs/performance-notes.md 3.1).
   // Such a poll takes (or extends) the read lease; while it lasts, any
   // empty poll of either CQ reads, as the progress thread does not.
+  const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
+  if (now < poll_idle_until_.load(std::memory_order_relaxed)) return;
   const bool receives = &polled == config_.recv_cq && rq_->size() > 0;
   const bool reads = &polled == config_.send_cq && ReadsOutstanding();
-  const bool leased =
-      std::chrono::steady_clock::now().time_since_epoch().count() <
-      read_lease_until_.load(std::memory_order_relaxed);
+  const bool leased = now < read_lease_until_.load(std::memory_order_relaxed);
   if (!receives && !reads && !leased) return;
   std::unique_lock rx_lock(rx_mutex_, std::try_to_lock);
   if (!rx_lock.owns_lock() || !attached_ || finalized_ || detached_ || !stream_) return;
   tls_rx_driver = this;
+  const std::uint64_t reads_before = counters_.rx_syscalls.load(std::memory_order_relaxed);
+  poll_receive_turns_.fetch_add(1, std::memory_order_relaxed);
   rx_.OnReadable(*stream_);
+  if (counters_.rx_syscalls.load(std::memory_order_relaxed) == reads_before) {
+    const auto idle = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        kEmptyPollBackoff);
+    poll_idle_until_.store(now + idle.count(), std::memory_order_relaxed);
+  }
   tls_rx_driver = nullptr;
   if (receives || reads) ExtendReadLease();
 }
