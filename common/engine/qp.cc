@@ -1132,7 +1132,9 @@ void Qp::DriveFromPoll(const CompletionQueue& polled) {
   if (counters_.rx_syscalls.load(std::memory_order_relaxed) == reads_before) {
     const auto idle = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
         kEmptyPollBackoff);
-    poll_idle_until_.store(now + idle.count(), std::memory_order_relaxed);
+    // From the end of the read: the recvmsg itself takes about a microsecond.
+    const auto after = std::chrono::steady_clock::now().time_since_epoch().count();
+    poll_idle_until_.store(after + idle.count(), std::memory_order_relaxed);
   }
   tls_rx_driver = nullptr;
   if (receives || reads) ExtendReadLease();

@@ -273,12 +273,16 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // that was full is the progress thread's (EPOLLOUT).
   // A receive turn from a poll that read nothing keeps this QP's polls from
   // reading again for kEmptyPollBackoff: a spinning application otherwise
-  // makes one recvmsg (EAGAIN) per empty poll. Short against the 8 B
-  // latency it can add (docs/performance-notes.md 3.4).
+  // makes one recvmsg (EAGAIN) per empty poll. Counted from the end of that
+  // read; short against the 8 B latency it can add (performance-notes 3.4).
   void DriveFromPoll(const CompletionQueue& polled) override;
   void OnCqArmed(const CompletionQueue& cq) override;
-  static constexpr std::chrono::nanoseconds kEmptyPollBackoff{2000};
-  // Receive turns DriveFromPoll took (for tests: each may be a recvmsg).
+  static constexpr std::chrono::nanoseconds kEmptyPollBackoff{1000};
+  // Until when polls take no receive turn (steady_clock ticks), and how many
+  // receive turns DriveFromPoll took (for tests: each may be a recvmsg).
+  std::chrono::steady_clock::rep poll_idle_until() const {
+    return poll_idle_until_.load(std::memory_order_relaxed);
+  }
   std::uint64_t poll_receive_turns() const {
     return poll_receive_turns_.load(std::memory_order_relaxed);
   }
