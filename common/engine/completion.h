@@ -167,10 +167,11 @@ class CompletionQueue {
   // Moves up to out.size() of the oldest entries into `out`; returns how many.
   std::size_t Poll(std::span<WorkCompletion> out);
   // Poll; when the CQ is empty, first gives up to kDriversPerEmptyPoll
-  // registered drivers (round-robin) one turn each on this thread (ibv_poll_cq: an application spinning on the CQ
-  // makes receive progress itself instead of waiting for the progress
-  // thread to be scheduled). Only one thread drives at a time; the others,
-  // and calls made from inside a driver (callbacks), only poll.
+  // registered drivers (round-robin) one turn each on this thread
+  // (ibv_poll_cq: an application spinning on the CQ makes receive progress
+  // itself instead of waiting for the progress thread to be scheduled).
+  // Only one thread drives at a time; the others, and calls made from
+  // inside a driver (callbacks), only poll.
   std::size_t PollWithProgress(std::span<WorkCompletion> out);
   static constexpr std::size_t kDriversPerEmptyPoll = 4;
 
