@@ -131,7 +131,14 @@ std::size_t CompletionQueue::PollWithProgress(std::span<WorkCompletion> out) {
     std::unique_lock lock(drivers_mutex_, std::try_to_lock);
     if (!lock.owns_lock() || drivers_.empty()) return 0;
     tls_driving = true;
-    for (PollDriver* driver : drivers_) driver->DriveFromPoll(*this);
+    // A few drivers per empty poll, round-robin: with many QPs on one CQ a
+    // poll that drove them all cost a recvmsg each (docs/performance-notes.md
+    // 3.4); the others get the next polls.
+    const std::size_t turns = std::min(drivers_.size(), kDriversPerEmptyPoll);
+    for (std::size_t i = 0; i < turns; ++i) {
+      if (next_driver_ >= drivers_.size()) next_driver_ = 0;
+      drivers_[next_driver_++]->DriveFromPoll(*this);
+    }
     tls_driving = false;
   }
   return Poll(out);

@@ -166,12 +166,14 @@ class CompletionQueue {
 
   // Moves up to out.size() of the oldest entries into `out`; returns how many.
   std::size_t Poll(std::span<WorkCompletion> out);
-  // Poll; when the CQ is empty, first gives every registered driver one
-  // turn on this thread (ibv_poll_cq: an application spinning on the CQ
-  // makes receive progress itself instead of waiting for the progress
-  // thread to be scheduled). Only one thread drives at a time; the others,
-  // and calls made from inside a driver (callbacks), only poll.
+  // Poll; when the CQ is empty, first gives up to kDriversPerEmptyPoll
+  // registered drivers (round-robin) one turn each on this thread
+  // (ibv_poll_cq: an application spinning on the CQ makes receive progress
+  // itself instead of waiting for the progress thread to be scheduled).
+  // Only one thread drives at a time; the others, and calls made from
+  // inside a driver (callbacks), only poll.
   std::size_t PollWithProgress(std::span<WorkCompletion> out);
+  static constexpr std::size_t kDriversPerEmptyPoll = 4;
 
   // Drivers, normally the QPs that complete work here. AddDriver ignores a
   // driver already present. RemoveDriver returns once no thread is inside
@@ -215,6 +217,7 @@ class CompletionQueue {
   // it; polling threads only try it.
   std::mutex drivers_mutex_;
   std::vector<PollDriver*> drivers_;  // guarded by drivers_mutex_
+  std::size_t next_driver_ = 0;       // guarded by drivers_mutex_; next to drive
 };
 
 }  // namespace siwx::engine

@@ -1116,14 +1116,26 @@ void Qp::DriveFromPoll(const CompletionQueue& polled) {
   // empty poll of either CQ reads, as the progress thread does not.
   const bool receives = &polled == config_.recv_cq && rq_->size() > 0;
   const bool reads = &polled == config_.send_cq && ReadsOutstanding();
-  const bool leased =
-      std::chrono::steady_clock::now().time_since_epoch().count() <
-      read_lease_until_.load(std::memory_order_relaxed);
-  if (!receives && !reads && !leased) return;
+  const auto lease_until = read_lease_until_.load(std::memory_order_relaxed);
+  // Never leased (a sender polling its send CQ): no clock read either; it
+  // was 5% of ib_write_bw -q 64's samples (docs/performance-notes.md 3.4).
+  if (!receives && !reads && lease_until == 0) return;
+  const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
+  if (now < poll_idle_until_.load(std::memory_order_relaxed)) return;
+  if (!receives && !reads && now >= lease_until) return;
   std::unique_lock rx_lock(rx_mutex_, std::try_to_lock);
   if (!rx_lock.owns_lock() || !attached_ || finalized_ || detached_ || !stream_) return;
   tls_rx_driver = this;
+  const std::uint64_t reads_before = counters_.rx_syscalls.load(std::memory_order_relaxed);
+  poll_receive_turns_.fetch_add(1, std::memory_order_relaxed);
   rx_.OnReadable(*stream_);
+  if (counters_.rx_syscalls.load(std::memory_order_relaxed) == reads_before) {
+    const auto idle = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        kEmptyPollBackoff);
+    // From the end of the read: the recvmsg itself takes about a microsecond.
+    const auto after = std::chrono::steady_clock::now().time_since_epoch().count();
+    poll_idle_until_.store(after + idle.count(), std::memory_order_relaxed);
+  }
   tls_rx_driver = nullptr;
   if (receives || reads) ExtendReadLease();
 }

@@ -271,8 +271,21 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // progress thread, inside a receive turn (callbacks), or outside RTS.
   // Transmit needs no turn here: PostSend transmits inline, and a socket
   // that was full is the progress thread's (EPOLLOUT).
+  // A receive turn from a poll that read nothing keeps this QP's polls from
+  // reading again for kEmptyPollBackoff: a spinning application otherwise
+  // makes one recvmsg (EAGAIN) per empty poll. Counted from the end of that
+  // read; short against the 8 B latency it can add (performance-notes 3.4).
   void DriveFromPoll(const CompletionQueue& polled) override;
   void OnCqArmed(const CompletionQueue& cq) override;
+  static constexpr std::chrono::nanoseconds kEmptyPollBackoff{1000};
+  // Until when polls take no receive turn (steady_clock ticks), and how many
+  // receive turns DriveFromPoll took (for tests: each may be a recvmsg).
+  std::chrono::steady_clock::rep poll_idle_until() const {
+    return poll_idle_until_.load(std::memory_order_relaxed);
+  }
+  std::uint64_t poll_receive_turns() const {
+    return poll_receive_turns_.load(std::memory_order_relaxed);
+  }
 
  private:
   friend class Engine;
@@ -491,6 +504,10 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   static constexpr std::chrono::milliseconds kReadLease{1};
   bool read_leased_ = false;  // guarded by poll_mutex_
   std::atomic<std::chrono::steady_clock::rep> read_lease_until_{0};
+  // DriveFromPoll: no receive turn before this (kEmptyPollBackoff), and
+  // how many it took. Written under rx_mutex_, read without it.
+  std::atomic<std::chrono::steady_clock::rep> poll_idle_until_{0};
+  std::atomic<std::uint64_t> poll_receive_turns_{0};
   int poll_fd_ = -1;          // guarded by poll_mutex_
   // Moves the fd's registration from its current interest (read unless
   // read_closed_ or read_leased_; write if want_write_) to the given one;

@@ -522,5 +522,94 @@ TEST_F(PollProgressTest, LeaseTakenExpiredAndReturnedWhileThePeerStreams) {
   EXPECT_EQ(b_.qp->Counters().rx_fpdus, a_.qp->Counters().tx_fpdus);
 }
 
+// More QPs on one CQ than an empty poll drives
+// (CompletionQueue::kDriversPerEmptyPoll): with the progress thread held,
+// polls alone still complete a message on every one of them (round-robin).
+TEST_F(PollProgressTest, EveryQpOfManyOnOneCqProgressesThroughPollsAlone) {
+  Link(a_, b_, Transport::kTcp, {});
+  constexpr std::size_t kExtra = 3 * CompletionQueue::kDriversPerEmptyPoll + 1;
+  std::vector<std::unique_ptr<Node>> peers;
+  std::vector<std::shared_ptr<Qp>> qps{b_.qp};
+  for (std::size_t i = 0; i < kExtra; ++i) {
+    peers.push_back(std::make_unique<Node>(NodeOptions{}, a_.engine));
+    QpConfig config;
+    config.pd = b_.pd;
+    config.send_cq = b_.send_cq.get();
+    config.recv_cq = b_.recv_cq.get();
+    config.sq_caps = QueueCaps{16, kMaxSge, kMaxInlineData};
+    config.rq_caps = QueueCaps{16, kMaxSge, 0};
+    std::shared_ptr<Qp> qp = b_.engine->CreateQp(config);
+    ASSERT_NE(qp, nullptr);
+    ASSERT_EQ(qp->Modify(QpState::kInit), QpStatus::kOk);
+    const std::array<int, 2> fds = Connect(Transport::kTcp);
+    peers.back()->Bind(fds[0], StreamParams{});
+    ASSERT_EQ(qp->Bind(std::make_unique<transport::TcpStream>(fds[1]), StreamParams{}),
+              BindStatus::kOk);
+    qps.push_back(qp);
+  }
+  std::vector<Qp*> senders{a_.qp.get()};
+  for (auto& peer : peers) senders.push_back(peer->qp.get());
+  auto post_round = [&](std::uint64_t base) {
+    for (std::size_t i = 0; i < qps.size(); ++i) {
+      ReceiveWorkRequest rwr;
+      rwr.wr_id = base + i;
+      ASSERT_EQ(qps[i]->PostRecv(rwr), PostStatus::kOk);
+      ASSERT_EQ(senders[i]->PostSend(MakeSend(i, SendOpcode::kSend, 0)), PostStatus::kOk);
+    }
+  };
+  // A first round through the progress thread: every QP is running.
+  post_round(0);
+  ASSERT_EQ(WaitCompletions(*b_.recv_cq, qps.size()).size(), qps.size());
+
+  ProgressThreadBlocker blocker(b_, a_.engine);
+  ASSERT_TRUE(blocker.Block());
+  post_round(1000);
+  const auto wc = PollProgressFor(*b_.recv_cq, qps.size());
+  EXPECT_TRUE(blocker.blocked());
+  ASSERT_EQ(wc.size(), qps.size());
+  std::vector<bool> seen(qps.size(), false);
+  for (const WorkCompletion& c : wc) {
+    EXPECT_EQ(c.status, WcStatus::kSuccess);
+    ASSERT_GE(c.wr_id, 1000u);
+    ASSERT_LT(c.wr_id - 1000, qps.size());
+    EXPECT_FALSE(seen[c.wr_id - 1000]);
+    seen[c.wr_id - 1000] = true;
+  }
+  blocker.Release();
+  for (std::size_t i = 1; i < qps.size(); ++i) qps[i]->Destroy();
+}
+
+// A poll's receive turn that found the socket empty keeps the QP's polls
+// from reading for Qp::kEmptyPollBackoff: a poll that ended before that
+// deadline took no receive turn (no recvmsg). Only polls the clock shows
+// ended inside the backoff are judged, so a slow machine cannot fail it.
+TEST_F(PollProgressTest, EmptyPollRightAfterAnEmptyReadMakesNoSystemCall) {
+  Link(a_, b_, Transport::kTcp, {});
+  Buffer rbuf(64);
+  const std::uint32_t key = rbuf.Register(b_.memory(), b_.pd, AccessFlags::kLocalWrite);
+  for (std::uint64_t id = 0; id < 4; ++id) PostRecv(b_, id, rbuf, key);
+  ASSERT_EQ(a_.qp->PostSend(MakeSend(0, SendOpcode::kSend)), PostStatus::kOk);
+  ASSERT_EQ(PollProgressFor(*b_.recv_cq, 1).size(), 1u);
+
+  std::array<WorkCompletion, 4> batch;
+  std::size_t judged = 0;
+  std::size_t turns_in_backoff = 0;
+  for (int i = 0; i < 2000 && judged < 50; ++i) {
+    std::this_thread::sleep_for(std::chrono::microseconds(20));  // backoff over
+    const std::uint64_t before = b_.qp->poll_receive_turns();
+    ASSERT_EQ(b_.recv_cq->PollWithProgress(batch), 0u);
+    const std::uint64_t after_first = b_.qp->poll_receive_turns();
+    const auto idle_until = b_.qp->poll_idle_until();
+    ASSERT_EQ(b_.recv_cq->PollWithProgress(batch), 0u);
+    const std::uint64_t after_second = b_.qp->poll_receive_turns();
+    const auto end = std::chrono::steady_clock::now().time_since_epoch().count();
+    if (after_first == before || end >= idle_until) continue;
+    ++judged;
+    if (after_second != after_first) ++turns_in_backoff;
+  }
+  if (judged == 0) GTEST_SKIP() << "no poll ended inside the backoff on this machine";
+  EXPECT_EQ(turns_in_backoff, 0u) << "of " << judged << " polls inside the backoff";
+}
+
 }  // namespace
 }  // namespace siwx::engine::testing
