@@ -1137,15 +1137,19 @@ void Qp::DriveFromPoll(const CompletionQueue& polled) {
     poll_idle_until_.store(after + idle.count(), std::memory_order_relaxed);
   }
   tls_rx_driver = nullptr;
-  if (receives || reads) ExtendReadLease();
+  if (receives || reads) {
+    // The clock read before the turn serves: a lease is 1 ms, a turn microseconds.
+    using Clock = std::chrono::steady_clock;
+    ExtendReadLease(Clock::time_point(Clock::duration(now)));
+  }
 }
 
 void Qp::OnCqArmed(const CompletionQueue& /*cq*/) {
   if (read_lease_until_.load(std::memory_order_relaxed) != 0) EndReadLease();
 }
 
-void Qp::ExtendReadLease() {
-  const auto until = std::chrono::steady_clock::now() + kReadLease;
+void Qp::ExtendReadLease(std::chrono::steady_clock::time_point now) {
+  const auto until = now + kReadLease;
   read_lease_until_.store(until.time_since_epoch().count(), std::memory_order_relaxed);
   {
     std::lock_guard lock(poll_mutex_);

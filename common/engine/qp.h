@@ -515,7 +515,7 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   int ApplyPollInterest(bool read, bool write);
   // Application thread in DriveFromPoll (rx_mutex_ held): extends the lease,
   // taking read interest off at its start.
-  void ExtendReadLease();
+  void ExtendReadLease(std::chrono::steady_clock::time_point now);
   // Any thread: read interest back (level-triggered: data that came during
   // the lease wakes the progress thread at once).
   void EndReadLease();
