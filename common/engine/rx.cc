@@ -640,22 +640,16 @@ void QpRx::CompleteTerminate() {
   report.event = AsyncEventType::kQpFatal;
   report.failed_status = StatusForPeerCause(t.cause);
   // Which of our WRs the peer's copy of our header names, if still open.
-  const ByteSpan copy = t.DdpHeaderCopy();
-  if (t.d && copy.size() >= rdmap::kDdpTaggedHeaderSize) {
-    const bool tagged = (copy[0] & rdmap::kDdpTaggedFlag) != 0;
-    if (!tagged && copy.size() >= rdmap::kDdpUntaggedHeaderSize) {
-      const std::uint32_t qn = LoadBe32(copy.data() + 6);
-      const std::uint32_t msn = LoadBe32(copy.data() + 10);
-      if (qn == rdmap::kQnReadRequest) {
-        report.failed_seq = qp_.FindReadByMsn(msn);
-      } else if (qn == rdmap::kQnSend) {
-        // A Send not fully sent yet: the transmit side may still be on it,
-        // so its status waits for the flush.
-        report.failed_seq = qp_.FindUnfinishedSendByMsn(msn);
-        if (report.failed_seq) report.failed_now = false;
-      }
-    } else if (tagged) {
-      report.failed_seq = qp_.FindUnfinishedWriteByStag(LoadBe32(copy.data() + 2));
+  if (const std::optional<rdmap::TerminatedDdpHeader> copy = rdmap::DecodeTerminatedDdpHeader(t)) {
+    if (copy->tagged) {
+      report.failed_seq = qp_.FindUnfinishedWriteByStag(copy->stag);
+      if (report.failed_seq) report.failed_now = false;
+    } else if (copy->qn == rdmap::kQnReadRequest) {
+      report.failed_seq = qp_.FindReadByMsn(copy->msn);
+    } else if (copy->qn == rdmap::kQnSend) {
+      // A Send not fully sent yet: the transmit side may still be on it,
+      // so its status waits for the flush.
+      report.failed_seq = qp_.FindUnfinishedSendByMsn(copy->msn);
       if (report.failed_seq) report.failed_now = false;
     }
   }

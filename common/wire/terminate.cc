@@ -190,6 +190,25 @@ TerminateHeader MakeTerminateForSegment(const TerminateCause& cause, ByteSpan of
   return t;
 }
 
+std::optional<TerminatedDdpHeader> DecodeTerminatedDdpHeader(const TerminateHeader& t) {
+  if (!t.d || t.ddp_header_length == 0) return std::nullopt;
+  const std::uint8_t* h = t.ddp_header.data();
+  if (t.ddp_header_length != TerminatedDdpHeaderSize(h[0])) return std::nullopt;
+  TerminatedDdpHeader out;
+  out.tagged = (h[0] & kDdpTaggedFlag) != 0;
+  out.last = (h[0] & kDdpLastFlag) != 0;
+  out.rdmap_control = h[1];
+  if (out.tagged) {  // RFC 5041 4.2: control, RsvdULP, STag, TO
+    out.stag = LoadBe32(h + 2);
+    out.to = LoadBe64(h + 6);
+  } else {  // RFC 5041 4.3: control, RsvdULP[0:39], QN, MSN, MO
+    out.qn = LoadBe32(h + 6);
+    out.msn = LoadBe32(h + 10);
+    out.mo = LoadBe32(h + 14);
+  }
+  return out;
+}
+
 std::size_t TerminateHeaderLength(const TerminateHeader& t) {
   return kTerminateControlSize + ((t.m || t.d) ? kDdpSegmentLengthSize : 0) +
          t.ddp_header_length + t.rdma_header_length;

@@ -354,6 +354,25 @@ struct TerminateHeader {
   friend bool operator==(const TerminateHeader&, const TerminateHeader&) = default;
 };
 
+// The fields of a Terminate's DDP header copy (RFC 5040 4.8: the header of the
+// segment that caused the error) that name the message it belonged to, in the
+// layout of RFC 5041 4.2 (tagged) or 4.3 (untagged).
+struct TerminatedDdpHeader {
+  bool tagged = false;
+  bool last = false;
+  std::uint8_t rdmap_control = 0;  // RV and the opcode, as copied
+  std::uint32_t stag = 0;          // tagged only
+  std::uint64_t to = 0;            // tagged only
+  std::uint32_t qn = 0;            // untagged only
+  std::uint32_t msn = 0;           // untagged only
+  std::uint32_t mo = 0;            // untagged only
+  friend bool operator==(const TerminatedDdpHeader&, const TerminatedDdpHeader&) = default;
+};
+
+// The copy's fields, or nullopt when the Terminate carries no DDP header (D
+// clear) or its length is not the one its T flag calls for.
+std::optional<TerminatedDdpHeader> DecodeTerminatedDdpHeader(const TerminateHeader& t);
+
 // A Terminate with no header copies: errors not tied to an incoming message
 // (RFC 5040 7.1 rule 1), Local Catastrophic and LLP errors (Figure 10).
 TerminateHeader MakeTerminate(const TerminateCause& cause);

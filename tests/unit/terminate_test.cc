@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -545,6 +546,45 @@ TEST(Terminate, MakeForSegmentCopiesWhatFigure10Says) {
   ASSERT_EQ(h.status, HeaderStatus::kInvalidQueueNumber);
   t = MakeTerminateForSegment(*TerminateCauseForHeader(h), kSendOnQn9, 42);
   EXPECT_EQ(t, AllVectors()[2].expected);
+}
+
+// RFC 5040 4.8: "Terminated DDP Header: For Terminate Messages that are a
+// result of a DDP error, the DDP header of the DDP Segment that caused the
+// error." Its layout is RFC 5041 4.2 (tagged: STag, TO) or 4.3 (untagged:
+// QN, MSN, MO); the receiver of a Terminate reads it to find its failed WR.
+TEST(Terminate, DecodesTheTerminatedDdpHeaderCopy) {
+  TerminateHeader t = MakeTerminateForSegment(TerminateCause::DdpBaseOrBounds(),
+                                              Concat({kWriteHeader, Bytes(8, 0)}), 22);
+  std::optional<TerminatedDdpHeader> copy = DecodeTerminatedDdpHeader(t);
+  ASSERT_TRUE(copy.has_value());
+  EXPECT_TRUE(copy->tagged && copy->last);
+  EXPECT_EQ(copy->rdmap_control, 0x40);
+  EXPECT_EQ(copy->stag, 0xDEADBEEFu);
+  EXPECT_EQ(copy->to, 0x100000u);
+  EXPECT_EQ(copy->qn, 0u);
+  EXPECT_EQ(copy->msn, 0u);
+
+  t = MakeTerminateForSegment(TerminateCause::RdmapAccessRights(),
+                              Concat({kReadRequestDdp, kReadRequestBody}), 46);
+  copy = DecodeTerminatedDdpHeader(t);
+  ASSERT_TRUE(copy.has_value());
+  EXPECT_FALSE(copy->tagged);
+  EXPECT_EQ(copy->rdmap_control, 0x41);
+  EXPECT_EQ(copy->qn, 1u);
+  EXPECT_EQ(copy->msn, 3u);
+  EXPECT_EQ(copy->mo, 0u);
+  EXPECT_EQ(copy->stag, 0u);
+
+  // No copy (D clear), and a copy whose length contradicts its T flag.
+  EXPECT_FALSE(DecodeTerminatedDdpHeader(MakeTerminate(TerminateCause::DdpInvalidQn())));
+  t = MakeTerminateForSegment(TerminateCause::DdpInvalidQn(), kSendOnQn9, 18);
+  ASSERT_TRUE(DecodeTerminatedDdpHeader(t).has_value());
+  EXPECT_EQ(DecodeTerminatedDdpHeader(t)->qn, 9u);
+  t.ddp_header[0] |= kDdpTaggedFlag;  // says 14 octets, holds 18
+  EXPECT_FALSE(DecodeTerminatedDdpHeader(t).has_value());
+  t.ddp_header[0] &= static_cast<std::uint8_t>(~kDdpTaggedFlag);
+  t.d = false;
+  EXPECT_FALSE(DecodeTerminatedDdpHeader(t).has_value());
 }
 
 // ---- siw's swapped layout (diagnostics only) ----
