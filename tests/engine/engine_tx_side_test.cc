@@ -1,0 +1,439 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
+// The transmit side (QpTx) alone, on a socketpair, against a fake QP that
+// implements QpForTx (qp_sides.h): no engine, no progress thread, no receive
+// side. Each test puts WRs into the fake's SQ (or Read Requests into its
+// IRQ, or mail into its mailbox), pumps, parses what reached the peer's end
+// of the socketpair and checks the FPDUs and the calls the transmit side made.
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "common/engine/qp_sides.h"
+#include "common/engine/tx.h"
+#include "common/wire/ddp_rdmap.h"
+#include "common/wire/terminate.h"
+#include "engine/engine_test_util.h"
+
+namespace siwx::engine {
+namespace {
+
+using testing::DecodeTerminateSegment;
+using testing::ParsedWire;
+using testing::ParseWire;
+using testing::WireSegment;
+
+// A send WR as the SQ stores it: the record with its SGEs right behind it
+// (work_request.h asserts that SendRecord leaves no padding before them).
+struct StoredSend {
+  SendRecord record;
+  std::array<Sge, kMaxSge> sges;
+  std::array<std::uint8_t, kMaxInlineData> inline_area;
+};
+
+class FakeQp final : public QpForTx {
+ public:
+  FakeQp() : pd_(memory_.AllocatePd()) {}
+
+  // QpForSide
+  std::uint32_t qp_num() const override { return 9; }
+  QpState state() const override { return QpState::kRts; }
+  MemoryTable& memory() override { return memory_; }
+  PdId pd() const override { return pd_; }
+  stats::QpCounterBlock& counters() override { return counters_; }
+  bool RtrReceived() const override { return rtr_received; }
+  bool RaiseError(const ErrorReport& report) override {
+    errors.push_back(report);
+    if (errors.size() > 1) return false;
+    // As Qp does: the Terminate goes to the transmit side's mailbox.
+    if (report.terminate) mail = TxMail{report.terminate, TxClose::kNone};
+    return true;
+  }
+  void EndStream(bool abort) override { end_stream.push_back(abort); }
+
+  // QpForTx
+  transport::TcpStream* stream() override { return stream_.get(); }
+  bool SetWriteInterest(bool want) override {
+    write_interest = want;
+    return true;
+  }
+  std::optional<TxMail> TakeMail() override { return std::exchange(mail, std::nullopt); }
+  std::uint64_t SqHead() override { return 0; }
+  SqPeek PeekSq(std::uint64_t seq) override {
+    SqPeek peek;
+    if (seq < sq.size()) peek.wr = &sq[seq]->record;
+    peek.reads_outstanding = orq.size();
+    return peek;
+  }
+  void SetSqMsn(std::uint64_t seq, std::uint32_t msn) override { sq_msn.emplace_back(seq, msn); }
+  void MarkSqDone(std::uint64_t seq) override { done.push_back(seq); }
+  void RetireSq() override { ++retires; }
+  void PushOrq(const OrqEntry& read) override { orq.push_back(read); }
+  std::optional<IrqEntry> TakeReadRequest() override {
+    if (irq.empty()) return std::nullopt;
+    IrqEntry entry = irq.front();
+    irq.pop_front();
+    return entry;
+  }
+  void ResponsesSent(std::uint32_t count) override { responses_sent += count; }
+  void BeginSendAccounting() override {}
+  void EndSendAccounting() override {}
+
+  void Attach(int fd) { stream_ = std::make_unique<transport::TcpStream>(fd); }
+  // Appends a WR to the SQ; returns its sequence number.
+  std::uint64_t Post(const SendWorkRequest& wr) {
+    auto stored = std::make_unique<StoredSend>();
+    stored->record.Assign(wr, stored->inline_area.data());
+    sq.push_back(std::move(stored));
+    return sq.size() - 1;
+  }
+
+  bool rtr_received = true;
+  std::vector<std::unique_ptr<StoredSend>> sq;
+  std::vector<std::pair<std::uint64_t, std::uint32_t>> sq_msn;
+  std::vector<std::uint64_t> done;
+  int retires = 0;
+  std::vector<OrqEntry> orq;
+  std::deque<IrqEntry> irq;
+  std::uint32_t responses_sent = 0;
+  std::optional<TxMail> mail;
+  std::vector<ErrorReport> errors;
+  std::vector<bool> end_stream;
+  bool write_interest = false;
+
+ private:
+  MemoryTable memory_;
+  PdId pd_;
+  stats::QpCounterBlock counters_;
+  std::unique_ptr<transport::TcpStream> stream_;
+};
+
+constexpr std::size_t kMaxUlpdu = 1024;  // small, so messages are segmented
+
+class TxSideTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::array<int, 2> fds{-1, -1};
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds.data()), 0);
+    peer_fd_ = fds[0];
+    qp_.Attach(fds[1]);
+  }
+  void TearDown() override {
+    tx_.Stop();
+    close(peer_fd_);
+  }
+
+  void Start(const StreamParams& params = {}) { tx_.Start(params, kMaxUlpdu); }
+
+  // Everything the peer has received so far, parsed from the first octet.
+  ParsedWire PeerReceived() {
+    std::array<std::uint8_t, 65536> chunk{};
+    for (;;) {
+      const ssize_t n = recv(peer_fd_, chunk.data(), chunk.size(), MSG_DONTWAIT);
+      if (n <= 0) break;
+      wire_.insert(wire_.end(), chunk.begin(), chunk.begin() + n);
+    }
+    ParsedWire parsed = ParseWire(wire_, /*crc=*/false, /*markers=*/false);
+    EXPECT_EQ(parsed.error, mpa::MpaError::kNone);
+    EXPECT_EQ(parsed.consumed, wire_.size());  // whole FPDUs only
+    return parsed;
+  }
+
+  // Registers `buffer` (its address as the TO) and returns its STag.
+  std::uint32_t Register(std::vector<std::uint8_t>& buffer, AccessFlags access) {
+    const auto address = reinterpret_cast<std::uintptr_t>(buffer.data());
+    const RegisterResult reg =
+        qp_.memory().Register(qp_.pd(), address, buffer.size(), address, access);
+    EXPECT_EQ(reg.status, RegisterStatus::kOk);
+    return reg.stag;
+  }
+
+  SendWorkRequest WrOver(SendOpcode opcode, std::vector<std::uint8_t>& buffer,
+                         std::uint32_t lkey, std::uint64_t wr_id) {
+    SendWorkRequest wr;
+    wr.wr_id = wr_id;
+    wr.opcode = opcode;
+    wr.flags = kSendSignaled;
+    wr.num_sge = 1;
+    wr.sge[0] = Sge{reinterpret_cast<std::uintptr_t>(buffer.data()),
+                    static_cast<std::uint32_t>(buffer.size()), lkey};
+    return wr;
+  }
+
+  static std::vector<std::uint8_t> Pattern(std::size_t n, std::uint8_t seed) {
+    std::vector<std::uint8_t> v(n);
+    for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::uint8_t>(seed + i * 7);
+    return v;
+  }
+
+  FakeQp qp_;
+  QpTx tx_{qp_};
+  int peer_fd_ = -1;
+  std::vector<std::uint8_t> wire_;
+};
+
+// RFC 5041 4.3 and RFC 5040 5.3: a Send is cut into untagged segments on
+// QN 0 that all carry the message's MSN (1 for the first Send), "the MO
+// field ... the offset, in octets, from the start of the message", and the
+// Last flag only on the final one; every ULPDU fits the stream's max ULPDU
+// (RFC 5044 4.5 MULPDU). It completes once the kernel has all of it.
+TEST_F(TxSideTest, ASendIsSegmentedWithOneMsnAndRisingMessageOffsets) {
+  Start();
+  std::vector<std::uint8_t> data = Pattern(3000, 1);
+  const std::uint32_t lkey = Register(data, AccessFlags::kNone);
+  const std::uint64_t seq = qp_.Post(WrOver(SendOpcode::kSend, data, lkey, 5));
+  tx_.Pump();
+
+  const ParsedWire wire = PeerReceived();
+  ASSERT_GE(wire.segments.size(), 3u);
+  std::vector<std::uint8_t> joined;
+  for (std::size_t i = 0; i < wire.segments.size(); ++i) {
+    const WireSegment& s = wire.segments[i];
+    ASSERT_EQ(s.decoded.status, rdmap::HeaderStatus::kOk);
+    EXPECT_LE(s.ulpdu_length, kMaxUlpdu);
+    EXPECT_EQ(s.decoded.header.opcode, rdmap::Opcode::kSend);
+    EXPECT_FALSE(s.decoded.header.tagged);
+    EXPECT_EQ(s.decoded.header.qn, rdmap::kQnSend);
+    EXPECT_EQ(s.decoded.header.msn, 1u);
+    EXPECT_EQ(s.decoded.header.mo, joined.size());
+    EXPECT_EQ(s.decoded.header.last, i + 1 == wire.segments.size());
+    joined.insert(joined.end(), s.payload.begin(), s.payload.end());
+  }
+  EXPECT_EQ(joined, data);
+  ASSERT_EQ(qp_.sq_msn.size(), 1u);
+  EXPECT_EQ(qp_.sq_msn[0], std::make_pair(seq, std::uint32_t{1}));
+  EXPECT_EQ(qp_.done, std::vector<std::uint64_t>{seq});
+  EXPECT_GE(qp_.retires, 1);
+  EXPECT_FALSE(qp_.write_interest);
+  EXPECT_TRUE(qp_.errors.empty());
+}
+
+// RFC 5041 4.2: tagged segments name the Data Sink's STag, and each one's TO
+// is the sink TO of the message plus the octets sent before it.
+TEST_F(TxSideTest, AWriteIsSegmentedWithTheSinkStagAndAdvancingOffsets) {
+  Start();
+  std::vector<std::uint8_t> data = Pattern(2500, 3);
+  const std::uint32_t lkey = Register(data, AccessFlags::kNone);
+  SendWorkRequest wr = WrOver(SendOpcode::kRdmaWrite, data, lkey, 6);
+  wr.rkey = 0xABCD0102;
+  wr.remote_addr = 0x7000;
+  const std::uint64_t seq = qp_.Post(wr);
+  tx_.Pump();
+
+  const ParsedWire wire = PeerReceived();
+  ASSERT_GE(wire.segments.size(), 3u);
+  std::vector<std::uint8_t> joined;
+  for (std::size_t i = 0; i < wire.segments.size(); ++i) {
+    const rdmap::DdpRdmapHeader& h = wire.segments[i].decoded.header;
+    EXPECT_EQ(h.opcode, rdmap::Opcode::kRdmaWrite);
+    EXPECT_TRUE(h.tagged);
+    EXPECT_EQ(h.stag, 0xABCD0102u);
+    EXPECT_EQ(h.to, 0x7000u + joined.size());
+    EXPECT_EQ(h.last, i + 1 == wire.segments.size());
+    joined.insert(joined.end(), wire.segments[i].payload.begin(), wire.segments[i].payload.end());
+  }
+  EXPECT_EQ(joined, data);
+  EXPECT_TRUE(qp_.sq_msn.empty());  // a Write takes no MSN
+  EXPECT_EQ(qp_.done, std::vector<std::uint64_t>{seq});
+}
+
+// RFC 5040 5.2: a Read Request goes on QN 1 with its own MSN sequence and
+// names the local sink and the remote source; it enters the ORQ before it
+// can reach the wire, and does not complete when sent (its response does).
+// RFC 6581 7.1 ORD: with ORD Reads outstanding the next one waits.
+TEST_F(TxSideTest, AReadRequestEntersTheOrqAndOrdHoldsBackTheNext) {
+  StreamParams params;
+  params.ord = 2;
+  Start(params);
+  std::vector<std::uint8_t> sink(4096);
+  const std::uint32_t sink_stag = Register(sink, AccessFlags::kLocalWrite |
+                                                     AccessFlags::kRemoteWrite);
+  SendWorkRequest read = WrOver(SendOpcode::kRdmaRead, sink, sink_stag, 7);
+  read.rkey = 0x55;
+  read.remote_addr = 0x9000;
+  for (int i = 0; i < 3; ++i) qp_.Post(read);
+  tx_.Pump();
+
+  const ParsedWire wire = PeerReceived();
+  ASSERT_EQ(wire.segments.size(), 2u);  // ORD 2
+  for (std::uint32_t i = 0; i < 2; ++i) {
+    const rdmap::DdpRdmapHeader& h = wire.segments[i].decoded.header;
+    EXPECT_EQ(h.opcode, rdmap::Opcode::kRdmaReadRequest);
+    EXPECT_EQ(h.qn, rdmap::kQnReadRequest);
+    EXPECT_EQ(h.msn, i + 1);
+    const auto& body = std::get<rdmap::ReadRequestBody>(h.body);
+    EXPECT_EQ(body.sink_stag, sink_stag);
+    EXPECT_EQ(body.sink_to, reinterpret_cast<std::uintptr_t>(sink.data()));
+    EXPECT_EQ(body.read_size, sink.size());
+    EXPECT_EQ(body.source_stag, 0x55u);
+    EXPECT_EQ(body.source_to, 0x9000u);
+    EXPECT_EQ(qp_.orq[i].msn, i + 1);
+    EXPECT_EQ(qp_.orq[i].seq, i);
+  }
+  EXPECT_TRUE(qp_.done.empty());
+
+  // The first response arrived (the receive side pops the ORQ): one more.
+  qp_.orq.erase(qp_.orq.begin());
+  tx_.Pump();
+  const ParsedWire more = PeerReceived();
+  ASSERT_EQ(more.segments.size(), 3u);
+  EXPECT_EQ(more.segments[2].decoded.header.msn, 3u);
+}
+
+// RFC 5040 5.2: "the RDMA Read Response ... uses the Data Sink STag and Data
+// Sink Tagged Offset from the RDMA Read Request"; the payload is the
+// source's octets. The request leaves the IRD count once all of its
+// response is in the kernel.
+TEST_F(TxSideTest, AReadResponseCarriesTheSourceToTheRequestedSink) {
+  Start();
+  std::vector<std::uint8_t> source = Pattern(2200, 9);
+  const std::uint32_t source_stag = Register(source, AccessFlags::kRemoteRead);
+  IrqEntry request;
+  request.sink_stag = 0x4242;
+  request.sink_to = 0x100;
+  request.source_stag = source_stag;
+  request.source_to = reinterpret_cast<std::uintptr_t>(source.data());
+  request.size = static_cast<std::uint32_t>(source.size());
+  qp_.irq.push_back(request);
+  tx_.Pump();
+
+  const ParsedWire wire = PeerReceived();
+  ASSERT_GE(wire.segments.size(), 3u);
+  std::vector<std::uint8_t> joined;
+  for (const WireSegment& s : wire.segments) {
+    EXPECT_EQ(s.decoded.header.opcode, rdmap::Opcode::kRdmaReadResponse);
+    EXPECT_EQ(s.decoded.header.stag, 0x4242u);
+    EXPECT_EQ(s.decoded.header.to, 0x100u + joined.size());
+    joined.insert(joined.end(), s.payload.begin(), s.payload.end());
+  }
+  EXPECT_TRUE(wire.segments.back().decoded.header.last);
+  EXPECT_EQ(joined, source);
+  EXPECT_EQ(qp_.responses_sent, 1u);
+}
+
+// Verbs: the lkey of every SGE must name a region of the QP's PD. A WR that
+// does not fails with a local protection error; the peer learns of the QP's
+// end from a Local Catastrophic Terminate (RFC 5040 7.1 rule 1), with no
+// header copy, and nothing of the WR is sent.
+TEST_F(TxSideTest, AWrWithABadLkeyFailsAndOnlyTheTerminateIsSent) {
+  Start();
+  std::vector<std::uint8_t> data = Pattern(100, 4);
+  const std::uint64_t seq = qp_.Post(WrOver(SendOpcode::kSend, data, 0xDEAD00, 8));
+  tx_.Pump();
+
+  ASSERT_EQ(qp_.errors.size(), 1u);
+  ASSERT_TRUE(qp_.errors[0].failed_seq.has_value());
+  EXPECT_EQ(*qp_.errors[0].failed_seq, seq);
+  EXPECT_EQ(qp_.errors[0].failed_status, WcStatus::kLocProtErr);
+  const ParsedWire wire = PeerReceived();
+  ASSERT_EQ(wire.segments.size(), 1u);
+  const std::optional<rdmap::TerminateHeader> t = DecodeTerminateSegment(wire.segments[0]);
+  ASSERT_TRUE(t.has_value());
+  EXPECT_EQ(t->cause, rdmap::TerminateCause::RdmapLocalCatastrophic());
+  EXPECT_FALSE(t->d);
+  EXPECT_TRUE(qp_.done.empty());
+}
+
+// A full socket: the transmit side arms write interest and keeps the rest
+// framed; when the peer drains, the next pump sends it exactly as framed
+// (no FPDU is cut or framed twice) and the WRs complete in order.
+TEST_F(TxSideTest, AFullSocketArmsWriteInterestAndResumesExactly) {
+  Start();  // 1 MiB of Writes: more than a socketpair holds
+  std::vector<std::uint8_t> data = Pattern(256 * 1024, 5);
+  const std::uint32_t lkey = Register(data, AccessFlags::kNone);
+  for (std::uint64_t i = 0; i < 4; ++i) {
+    SendWorkRequest wr = WrOver(SendOpcode::kRdmaWrite, data, lkey, i);
+    wr.rkey = 0x77;
+    wr.remote_addr = 0;
+    qp_.Post(wr);
+  }
+  tx_.Pump();
+  EXPECT_TRUE(qp_.write_interest);
+  EXPECT_LT(qp_.done.size(), 4u);
+
+  for (int round = 0; round < 10000 && qp_.done.size() < 4; ++round) {
+    PeerReceived();
+    tx_.Pump();
+  }
+  const ParsedWire wire = PeerReceived();
+  EXPECT_EQ(qp_.done, (std::vector<std::uint64_t>{0, 1, 2, 3}));
+  EXPECT_FALSE(qp_.write_interest);
+  std::uint64_t octets = 0;
+  for (const WireSegment& s : wire.segments) {
+    EXPECT_EQ(s.decoded.header.to, octets % data.size());
+    octets += s.payload.size();
+  }
+  EXPECT_EQ(octets, 4 * data.size());
+  EXPECT_TRUE(qp_.errors.empty());
+}
+
+// RFC 6581 7.1: the initiator of a peer-to-peer startup sends the RTR
+// message it negotiated (here a zero-length Write) before anything posted.
+TEST_F(TxSideTest, TheRtrMessageGoesFirst) {
+  StreamParams params;
+  params.rtr_role = RtrRole::kSend;
+  params.rtr_message = RtrMessage::kWrite;
+  Start(params);
+  std::vector<std::uint8_t> data = Pattern(10, 6);
+  const std::uint32_t lkey = Register(data, AccessFlags::kNone);
+  qp_.Post(WrOver(SendOpcode::kSend, data, lkey, 1));
+  tx_.Pump();
+
+  const ParsedWire wire = PeerReceived();
+  ASSERT_EQ(wire.segments.size(), 2u);
+  EXPECT_EQ(wire.segments[0].decoded.header.opcode, rdmap::Opcode::kRdmaWrite);
+  EXPECT_EQ(wire.segments[0].ulpdu_length, rdmap::kDdpTaggedHeaderSize);
+  EXPECT_EQ(wire.segments[1].decoded.header.opcode, rdmap::Opcode::kSend);
+  EXPECT_EQ(wire.segments[1].decoded.header.msn, 1u);
+}
+
+// RFC 6581 7.1: the responder sends nothing before the initiator's RTR has
+// arrived (the receive side says so through RtrReceived).
+TEST_F(TxSideTest, NothingGoesOutBeforeThePeersRtr) {
+  qp_.rtr_received = false;
+  Start();
+  std::vector<std::uint8_t> data = Pattern(10, 7);
+  const std::uint32_t lkey = Register(data, AccessFlags::kNone);
+  qp_.Post(WrOver(SendOpcode::kSend, data, lkey, 1));
+  tx_.Pump();
+  EXPECT_TRUE(PeerReceived().segments.empty());
+
+  qp_.rtr_received = true;
+  tx_.Pump();
+  EXPECT_EQ(PeerReceived().segments.size(), 1u);
+}
+
+// RFC 5040 7.1: a Terminate ends the stream's messages: it follows the FPDUs
+// already framed (never cuts one) and the transmit side then sends nothing
+// more of the SQ.
+TEST_F(TxSideTest, ATerminateInTheMailboxIsTheLastMessage) {
+  Start();
+  std::vector<std::uint8_t> data = Pattern(100, 8);
+  const std::uint32_t lkey = Register(data, AccessFlags::kNone);
+  qp_.Post(WrOver(SendOpcode::kSend, data, lkey, 1));
+  tx_.Pump();
+  qp_.mail = TxMail{rdmap::MakeTerminate(rdmap::TerminateCause::RdmapUnexpectedOpcode()),
+                    TxClose::kNone};
+  qp_.Post(WrOver(SendOpcode::kSend, data, lkey, 2));
+  tx_.Pump();
+
+  const ParsedWire wire = PeerReceived();
+  ASSERT_EQ(wire.segments.size(), 2u);
+  EXPECT_EQ(wire.segments[0].decoded.header.opcode, rdmap::Opcode::kSend);
+  const std::optional<rdmap::TerminateHeader> t = DecodeTerminateSegment(wire.segments[1]);
+  ASSERT_TRUE(t.has_value());
+  EXPECT_EQ(t->cause, rdmap::TerminateCause::RdmapUnexpectedOpcode());
+  EXPECT_EQ(qp_.done, std::vector<std::uint64_t>{0});
+}
+
+}  // namespace
+}  // namespace siwx::engine
