@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 #include "common/engine/completion.h"
 
+#include <sched.h>
+
 #include <algorithm>
+#include <atomic>
 #include <utility>
 
 namespace siwx::engine {
@@ -10,7 +13,36 @@ namespace {
 // Set while this thread runs a driver's turn: a callback that polls from
 // inside it must not drive again (the turn holds locks a driver would take).
 thread_local bool tls_driving = false;
+
+std::atomic<std::uint32_t> empty_polls_before_yield{
+    CompletionQueue::kDefaultEmptyPollsBeforeYield};
+// Empty PollWithProgress calls in a row on this thread (up to the
+// threshold), and how many of them yielded.
+thread_local std::uint32_t tls_empty_polls = 0;
+thread_local std::uint64_t tls_yields = 0;
+
+// Called for every poll that found its CQ empty. An application that
+// busy-polls a CQ nothing arrives on (the passive ib_write_bw waits so for
+// the end of the test) otherwise keeps a fair share of the CPUs from the
+// threads that move the data; on a machine with a core to spare the yield
+// returns at once.
+void CountEmptyPoll() {
+  const std::uint32_t threshold = empty_polls_before_yield.load(std::memory_order_relaxed);
+  if (threshold == 0) return;
+  if (tls_empty_polls < threshold) {
+    ++tls_empty_polls;
+    return;
+  }
+  ++tls_yields;
+  sched_yield();
+}
 }  // namespace
+
+void CompletionQueue::SetEmptyPollsBeforeYield(std::uint32_t polls) {
+  empty_polls_before_yield.store(polls, std::memory_order_relaxed);
+}
+
+std::uint64_t CompletionQueue::YieldsOnThisThread() { return tls_yields; }
 
 std::string_view WcStatusName(WcStatus status) {
   switch (status) {
@@ -125,8 +157,12 @@ std::size_t CompletionQueue::CountSuccessful(std::uint32_t qp_num) const {
 }
 
 std::size_t CompletionQueue::PollWithProgress(std::span<WorkCompletion> out) {
-  const std::size_t n = Poll(out);
+  std::size_t n = Poll(out);
+  if (n > 0) tls_empty_polls = 0;
   if (n > 0 || out.empty() || tls_driving) return n;
+  // Yield before the drivers' turns, so a thread that gets its CPU back
+  // looks at the sockets at once.
+  CountEmptyPoll();
   {
     std::unique_lock lock(drivers_mutex_, std::try_to_lock);
     if (!lock.owns_lock() || drivers_.empty()) return 0;
@@ -141,7 +177,9 @@ std::size_t CompletionQueue::PollWithProgress(std::span<WorkCompletion> out) {
     }
     tls_driving = false;
   }
-  return Poll(out);
+  n = Poll(out);
+  if (n > 0) tls_empty_polls = 0;
+  return n;
 }
 
 void CompletionQueue::AddDriver(PollDriver* driver) {

@@ -172,8 +172,18 @@ class CompletionQueue {
   // itself instead of waiting for the progress thread to be scheduled).
   // Only one thread drives at a time; the others, and calls made from
   // inside a driver (callbacks), only poll.
+  // A thread whose last SetEmptyPollsBeforeYield calls here found nothing
+  // (on any CQ) calls sched_yield at the start of every further empty one,
+  // until one returns completions: a busy-polling application then runs only
+  // when no other thread wants its CPU, such as the progress thread or the
+  // thread that moves the data it waits for (docs/performance-notes.md 3.5).
   std::size_t PollWithProgress(std::span<WorkCompletion> out);
   static constexpr std::size_t kDriversPerEmptyPoll = 4;
+  static constexpr std::uint32_t kDefaultEmptyPollsBeforeYield = 256;
+  // Process-wide; 0: never yield (tests that time single polls).
+  static void SetEmptyPollsBeforeYield(std::uint32_t polls);
+  // How often PollWithProgress yielded on the calling thread.
+  static std::uint64_t YieldsOnThisThread();
 
   // Drivers, normally the QPs that complete work here. AddDriver ignores a
   // driver already present. RemoveDriver returns once no thread is inside

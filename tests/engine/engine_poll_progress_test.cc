@@ -584,6 +584,14 @@ TEST_F(PollProgressTest, EveryQpOfManyOnOneCqProgressesThroughPollsAlone) {
 // deadline took no receive turn (no recvmsg). Only polls the clock shows
 // ended inside the backoff are judged, so a slow machine cannot fail it.
 TEST_F(PollProgressTest, EmptyPollRightAfterAnEmptyReadMakesNoSystemCall) {
+  // Thousands of empty polls: a yield between the two would push the second
+  // past the backoff, and no poll would be judged.
+  CompletionQueue::SetEmptyPollsBeforeYield(0);
+  struct Restore {
+    ~Restore() {
+      CompletionQueue::SetEmptyPollsBeforeYield(CompletionQueue::kDefaultEmptyPollsBeforeYield);
+    }
+  } restore;
   Link(a_, b_, Transport::kTcp, {});
   Buffer rbuf(64);
   const std::uint32_t key = rbuf.Register(b_.memory(), b_.pd, AccessFlags::kLocalWrite);

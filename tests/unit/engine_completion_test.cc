@@ -265,5 +265,89 @@ TEST(CompletionQueue, ConcurrentProducersAndConsumer) {
   EXPECT_EQ(counters.cq_errors.load(), 0);
 }
 
+// Sets the yield threshold for one test and puts the default back.
+class YieldThreshold {
+ public:
+  explicit YieldThreshold(std::uint32_t polls) { CompletionQueue::SetEmptyPollsBeforeYield(polls); }
+  ~YieldThreshold() {
+    CompletionQueue::SetEmptyPollsBeforeYield(CompletionQueue::kDefaultEmptyPollsBeforeYield);
+  }
+};
+
+// Runs `body` on a fresh thread, whose empty-poll run and yield count start at 0.
+template <typename Body>
+void OnFreshThread(Body body) {
+  std::thread thread(body);
+  thread.join();
+}
+
+// A busy poller yields only after a run of empty polls, on every empty poll
+// after it, and a poll that returns a completion starts the run anew.
+TEST(CompletionQueueYield, EmptyPollsYieldOnlyAfterTheThresholdAndACompletionResets) {
+  constexpr std::uint32_t kThreshold = 8;
+  YieldThreshold threshold(kThreshold);
+  auto cq = CompletionQueue::Create(4, {});
+  OnFreshThread([&] {
+    std::array<WorkCompletion, 2> out{};
+    for (std::uint32_t i = 0; i < kThreshold; ++i) EXPECT_EQ(cq->PollWithProgress(out), 0u);
+    EXPECT_EQ(CompletionQueue::YieldsOnThisThread(), 0u);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(cq->PollWithProgress(out), 0u);
+    EXPECT_EQ(CompletionQueue::YieldsOnThisThread(), 3u);
+
+    ASSERT_EQ(cq->Push(Wc(1)), PushStatus::kOk);
+    EXPECT_EQ(cq->PollWithProgress(out), 1u);
+    for (std::uint32_t i = 0; i < kThreshold; ++i) EXPECT_EQ(cq->PollWithProgress(out), 0u);
+    EXPECT_EQ(CompletionQueue::YieldsOnThisThread(), 3u) << "the completion did not reset the run";
+    EXPECT_EQ(cq->PollWithProgress(out), 0u);
+    EXPECT_EQ(CompletionQueue::YieldsOnThisThread(), 4u);
+  });
+}
+
+// The run is the thread's, not the CQ's: completions on one CQ keep a
+// thread that also polls an empty one (perftest's data and sync CQs) from
+// yielding, and empty polls of two CQs add up.
+TEST(CompletionQueueYield, TheRunCountsEveryCqTheThreadPolls) {
+  constexpr std::uint32_t kThreshold = 8;
+  YieldThreshold threshold(kThreshold);
+  auto busy = CompletionQueue::Create(4, {});
+  auto idle = CompletionQueue::Create(4, {});
+  OnFreshThread([&] {
+    std::array<WorkCompletion, 2> out{};
+    for (std::uint64_t id = 0; id < 4 * kThreshold; ++id) {
+      ASSERT_EQ(busy->Push(Wc(id)), PushStatus::kOk);
+      EXPECT_EQ(busy->PollWithProgress(out), 1u);
+      EXPECT_EQ(idle->PollWithProgress(out), 0u);
+    }
+    EXPECT_EQ(CompletionQueue::YieldsOnThisThread(), 0u);
+    for (std::uint32_t i = 0; i < kThreshold / 2; ++i) {
+      EXPECT_EQ(busy->PollWithProgress(out), 0u);
+      EXPECT_EQ(idle->PollWithProgress(out), 0u);
+    }
+    EXPECT_EQ(CompletionQueue::YieldsOnThisThread(), 1u);
+  });
+}
+
+// Threshold 0 turns yielding off; a zero-length poll and plain Poll never count.
+TEST(CompletionQueueYield, ZeroThresholdZeroLengthPollsAndPlainPollNeverYield) {
+  auto cq = CompletionQueue::Create(4, {});
+  {
+    YieldThreshold threshold(0);
+    OnFreshThread([&] {
+      std::array<WorkCompletion, 2> out{};
+      for (int i = 0; i < 1000; ++i) EXPECT_EQ(cq->PollWithProgress(out), 0u);
+      EXPECT_EQ(CompletionQueue::YieldsOnThisThread(), 0u);
+    });
+  }
+  YieldThreshold threshold(1);
+  OnFreshThread([&] {
+    std::array<WorkCompletion, 2> out{};
+    for (int i = 0; i < 100; ++i) {
+      EXPECT_EQ(cq->PollWithProgress(std::span<WorkCompletion>()), 0u);
+      EXPECT_EQ(cq->Poll(out), 0u);
+    }
+    EXPECT_EQ(CompletionQueue::YieldsOnThisThread(), 0u);
+  });
+}
+
 }  // namespace
 }  // namespace siwx::engine
