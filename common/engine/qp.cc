@@ -402,9 +402,13 @@ PostStatus Qp::PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* p
   std::size_t count = 0;
   PostStatus status = PostStatus::kOk;
   bool flushed = false;
-  // A QP that sends is not a pure sink (StreamLeftToProgress).
-  sink_mark_.store(counters_.rx_octets.load(std::memory_order_relaxed),
-                   std::memory_order_relaxed);
+  // StreamLeftToProgress: a sink is a QP that took in kSinkOctets between
+  // two of its posts (perftest's ib_send_bw receiver posts a zero-length
+  // Write now and then; a ping-pong posts per message received).
+  const std::uint64_t rx_now = counters_.rx_octets.load(std::memory_order_relaxed);
+  sink_.store(rx_now - sink_mark_.load(std::memory_order_relaxed) >= kSinkOctets,
+              std::memory_order_relaxed);
+  sink_mark_.store(rx_now, std::memory_order_relaxed);
   if (destroyed_.load(std::memory_order_acquire)) {
     status = PostStatus::kInvalidState;
   } else {
@@ -1158,13 +1162,14 @@ void Qp::DriveFromPoll(const CompletionQueue& polled) {
 }
 
 bool Qp::StreamLeftToProgress(std::chrono::steady_clock::rep now) {
-  // A sink: a bulk stream comes in and nothing goes out; the progress
-  // thread reads it (one thread working, as with a TCP receiver blocked in
-  // recv) and the poller sleeps until it pushes. A ping-pong posts a send
-  // per message received and never gets here, whatever the size.
-  if (counters_.rx_octets.load(std::memory_order_relaxed) -
-          sink_mark_.load(std::memory_order_relaxed) >=
-      kSinkOctets) {
+  // A sink: a bulk stream comes in and (almost) nothing goes out; the
+  // progress thread reads it (one thread working, as with a TCP receiver
+  // blocked in recv) and the poller sleeps until it pushes. A ping-pong of
+  // messages below kSinkOctets posts more often and never gets here.
+  if (sink_.load(std::memory_order_relaxed) ||
+      counters_.rx_octets.load(std::memory_order_relaxed) -
+              sink_mark_.load(std::memory_order_relaxed) >=
+          kSinkOctets) {
     return true;
   }
   const std::uint64_t seen = counters_.rx_syscalls.load(std::memory_order_relaxed);
