@@ -99,6 +99,9 @@ class ProgressThreadBlocker {
 
 class PollProgressTest : public ::testing::Test {
  protected:
+  // PostersPollersAndProgressThreadRaceOnOneQp's body, with every CQ's
+  // bounded wait at `poll_wait` (zero: polls never sleep).
+  void RunPostersPollersRace(std::chrono::microseconds poll_wait);
 
   Node a_;
   Node b_;
@@ -160,7 +163,20 @@ TEST_F(PollProgressTest, ReadCompletesThroughSendCqPollWhileTheProgressThreadIsH
 // with progress, the other polls the receive CQ with progress for b's
 // Sends. Every WR completes once, in order, with its data.
 TEST_F(PollProgressTest, PostersPollersAndProgressThreadRaceOnOneQp) {
+  RunPostersPollersRace(std::chrono::microseconds(0));
+}
+
+// The same race with polls that may sleep (SIWX_POLL_WAIT_US): nothing is
+// lost, duplicated or reordered by a wait and the pushes that end it.
+TEST_F(PollProgressTest, PostersPollersAndProgressThreadRaceWithPollWait) {
+  RunPostersPollersRace(std::chrono::microseconds(50));
+}
+
+void PollProgressTest::RunPostersPollersRace(std::chrono::microseconds poll_wait) {
   Link(a_, b_, Transport::kTcp, {});
+  for (CompletionQueue* cq : {a_.send_cq.get(), a_.recv_cq.get(), b_.recv_cq.get()}) {
+    cq->set_poll_wait(poll_wait);
+  }
   constexpr std::size_t kOps = 600;
   constexpr std::size_t kMaxSize = 6000;
   constexpr std::size_t kWindow = 32;
