@@ -409,6 +409,8 @@ PostStatus Qp::PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* p
   sink_.store(rx_now - sink_mark_.load(std::memory_order_relaxed) >= kSinkOctets,
               std::memory_order_relaxed);
   sink_mark_.store(rx_now, std::memory_order_relaxed);
+  // Nor is a QP quiet that posts: the quiet time starts again.
+  quiet_mark_.store(~std::uint64_t{0}, std::memory_order_relaxed);
   if (destroyed_.load(std::memory_order_acquire)) {
     status = PostStatus::kInvalidState;
   } else {

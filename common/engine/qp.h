@@ -289,11 +289,16 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // DriveFromPoll; the lease ends so the progress thread reads), and the
   // transmit side has nothing outstanding or waits for a full socket to
   // drain (write interest armed: the progress thread's EPOLLOUT moves it).
-  // A latency test's socket is never full, nor quiet for a millisecond,
+  // A latency test's socket is never full, nor quiet for 100 ms,
   // nor a sink (it sends a message per message received), so its polls
   // never wait.
   bool PollMayWait(const CompletionQueue& polled) override;
-  static constexpr std::chrono::microseconds kQuietBeforePollWait{1000};
+  // Long against a connection's setup: perftest exchanges its keys over a
+  // QP, then the client connects again at once while the server re-listens;
+  // with 1 ms the server's first poll slept through the quiet start, woke
+  // a few tens of us later and 3 of 25 connects were refused
+  // (docs/performance-notes.md 3.5).
+  static constexpr std::chrono::milliseconds kQuietBeforePollWait{100};
   static constexpr std::uint64_t kSinkOctets = 4u << 20;
   static constexpr std::chrono::nanoseconds kEmptyPollBackoff{1000};
   // Until when polls take no receive turn (steady_clock ticks), and how many
@@ -530,7 +535,7 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   std::atomic<std::chrono::steady_clock::rep> poll_idle_until_{0};
   std::atomic<std::uint64_t> poll_receive_turns_{0};
   // StreamLeftToProgress: rx_syscalls when a poll last saw it change, and when
-  // (steady_clock ticks). Written by polling threads without a lock: a
+  // (steady_clock ticks); a post restarts the count (~0). Written by polling threads without a lock: a
   // race misjudges one poll.
   std::atomic<std::uint64_t> quiet_mark_{~std::uint64_t{0}};
   std::atomic<std::chrono::steady_clock::rep> quiet_since_{0};
