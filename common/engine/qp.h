@@ -535,8 +535,8 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   std::atomic<std::chrono::steady_clock::rep> poll_idle_until_{0};
   std::atomic<std::uint64_t> poll_receive_turns_{0};
   // StreamLeftToProgress: rx_syscalls when a poll last saw it change, and when
-  // (steady_clock ticks); a post restarts the count (~0). Written by polling threads without a lock: a
-  // race misjudges one poll.
+  // (steady_clock ticks); a post restarts the count (~0). Written by
+  // polling threads without a lock: a race misjudges one poll.
   std::atomic<std::uint64_t> quiet_mark_{~std::uint64_t{0}};
   std::atomic<std::chrono::steady_clock::rep> quiet_since_{0};
   // rx_octets at the last PostSend, and whether at least kSinkOctets came
