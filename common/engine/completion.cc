@@ -36,6 +36,11 @@ void CountEmptyPoll() {
   ++tls_yields;
   sched_yield();
 }
+
+// The CQ this thread last polled empty with progress: a poll may wait only
+// on a thread that polls this CQ and no other (one that polls several in
+// turn would hold the others' completions back while it slept on one).
+thread_local const CompletionQueue* tls_last_polled = nullptr;
 }  // namespace
 
 void CompletionQueue::SetEmptyPollsBeforeYield(std::uint32_t polls) {
@@ -83,6 +88,7 @@ CompletionQueue::CompletionQueue(std::uint32_t capacity, Callbacks callbacks)
 
 PushStatus CompletionQueue::Push(const WorkCompletion& wc, bool solicited) {
   bool notify = false;
+  bool wake_waiters = false;
   bool report_error = false;
   PushStatus status = PushStatus::kOk;
   {
@@ -93,10 +99,13 @@ PushStatus CompletionQueue::Push(const WorkCompletion& wc, bool solicited) {
     } else if (count == capacity_) {
       in_error_.store(true, std::memory_order_release);
       report_error = true;
+      wake_waiters = waiters_ > 0;
       status = PushStatus::kOverflow;
     } else {
       ring_[(head_ + count) % capacity_] = wc;
       count_.store(count + 1, std::memory_order_release);
+      // Waiters wait for a non-empty ring: only the first entry wakes them.
+      wake_waiters = count == 0 && waiters_ > 0;
       const bool counts_as_solicited = solicited || wc.status != WcStatus::kSuccess;
       if (arm_ == CqArm::kNextCompletion ||
           (arm_ == CqArm::kSolicited && counts_as_solicited)) {
@@ -106,6 +115,7 @@ PushStatus CompletionQueue::Push(const WorkCompletion& wc, bool solicited) {
     }
   }
   // Outside the lock: the callbacks may poll or re-arm.
+  if (wake_waiters) pushed_.notify_all();
   if (report_error && callbacks_.on_async_event) callbacks_.on_async_event(CqEvent::kCqError);
   if (notify && callbacks_.on_completion) callbacks_.on_completion();
   return status;
@@ -157,12 +167,15 @@ std::size_t CompletionQueue::CountSuccessful(std::uint32_t qp_num) const {
 }
 
 std::size_t CompletionQueue::PollWithProgress(std::span<WorkCompletion> out) {
+  const bool polls_only_this = tls_last_polled == this;
+  tls_last_polled = this;
   std::size_t n = Poll(out);
   if (n > 0) tls_empty_polls = 0;
   if (n > 0 || out.empty() || tls_driving) return n;
   // Yield before the drivers' turns, so a thread that gets its CPU back
   // looks at the sockets at once.
   CountEmptyPoll();
+  bool may_wait = false;
   {
     std::unique_lock lock(drivers_mutex_, std::try_to_lock);
     if (!lock.owns_lock() || drivers_.empty()) return 0;
@@ -175,11 +188,36 @@ std::size_t CompletionQueue::PollWithProgress(std::span<WorkCompletion> out) {
       if (next_driver_ >= drivers_.size()) next_driver_ = 0;
       drivers_[next_driver_++]->DriveFromPoll(*this);
     }
+    // Every driver, not only those that had a turn: one that could still
+    // make progress on this thread keeps the poll from sleeping.
+    may_wait = poll_wait_.count() > 0 && polls_only_this &&
+               count_.load(std::memory_order_acquire) == 0 &&
+               std::all_of(drivers_.begin(), drivers_.end(),
+                           [this](PollDriver* d) { return d->PollMayWait(*this); });
     tls_driving = false;
   }
+  if (may_wait) WaitForPush();
   n = Poll(out);
   if (n > 0) tls_empty_polls = 0;
   return n;
+}
+
+void CompletionQueue::WaitForPush() {
+  const auto deadline = std::chrono::steady_clock::now() + poll_wait_;
+  std::unique_lock lock(mutex_);
+  if (count_.load(std::memory_order_relaxed) > 0 || in_error_.load(std::memory_order_relaxed)) {
+    return;
+  }
+  ++waiters_;
+  poll_waits_.fetch_add(1, std::memory_order_relaxed);
+  // Push reads waiters_ under mutex_ after storing, so an entry pushed
+  // after the check above finds this waiter counted and wakes it.
+  const bool pushed = pushed_.wait_until(lock, deadline, [this] {
+    return count_.load(std::memory_order_relaxed) > 0 ||
+           in_error_.load(std::memory_order_relaxed);
+  });
+  --waiters_;
+  if (!pushed) poll_wait_timeouts_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void CompletionQueue::AddDriver(PollDriver* driver) {

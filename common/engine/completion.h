@@ -34,6 +34,8 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -134,6 +136,11 @@ class PollDriver {
   // `cq` was armed (ibv_req_notify_cq): its application is about to sleep
   // and no longer drives; whatever progress driving held back must resume.
   virtual void OnCqArmed(const CompletionQueue& cq) = 0;
+  // Asked after an empty poll of `polled` that may wait (set_poll_wait):
+  // true only when nothing the polling thread could do for this driver
+  // would complete anything on `polled`, so every completion it can still
+  // get is pushed by another thread (which ends the wait). Default: never.
+  virtual bool PollMayWait(const CompletionQueue& /*polled*/) { return false; }
 };
 
 enum class PushStatus : std::uint8_t {
@@ -185,6 +192,22 @@ class CompletionQueue {
   // How often PollWithProgress yielded on the calling thread.
   static std::uint64_t YieldsOnThisThread();
 
+  // Bounded wait of PollWithProgress (SIWX_POLL_WAIT_US; zero: never waits).
+  // When the CQ is still empty after the drivers' turns and every driver
+  // says PollMayWait (typically: its socket is full and only the progress
+  // thread's EPOLLOUT moves it), the poll sleeps until the next Push or for
+  // at most this long, instead of returning at once to a caller that would
+  // spin. A Push ends the wait at once, so no completion is held back.
+  // Set before the CQ is used.
+  void set_poll_wait(std::chrono::microseconds wait) { poll_wait_ = wait; }
+  std::chrono::microseconds poll_wait() const { return poll_wait_; }
+  // How many polls waited, and how many of those waits ran out instead of
+  // ending with a Push (for tests).
+  std::uint64_t poll_waits() const { return poll_waits_.load(std::memory_order_relaxed); }
+  std::uint64_t poll_wait_timeouts() const {
+    return poll_wait_timeouts_.load(std::memory_order_relaxed);
+  }
+
   // Drivers, normally the QPs that complete work here. AddDriver ignores a
   // driver already present. RemoveDriver returns once no thread is inside
   // that driver's turn any more; not from inside a driver.
@@ -212,6 +235,9 @@ class CompletionQueue {
 
  private:
   CompletionQueue(std::uint32_t capacity, Callbacks callbacks);
+  // PollWithProgress: sleeps until an entry is pushed (or the CQ fails), at
+  // most poll_wait_.
+  void WaitForPush();
 
   const std::uint32_t capacity_;
   const Callbacks callbacks_;
@@ -222,6 +248,13 @@ class CompletionQueue {
   CqArm arm_ = CqArm::kNone;          // guarded by mutex_
   std::atomic<std::size_t> count_{0};  // written under mutex_
   std::atomic<bool> in_error_{false};  // written under mutex_
+  // PollWithProgress's bounded wait: waiters sleep on `pushed_` (with
+  // mutex_) and Push wakes them when the ring stops being empty.
+  std::chrono::microseconds poll_wait_{0};
+  std::condition_variable pushed_;
+  std::uint32_t waiters_ = 0;  // guarded by mutex_
+  std::atomic<std::uint64_t> poll_waits_{0};
+  std::atomic<std::uint64_t> poll_wait_timeouts_{0};
 
   // Held by the driving thread for the whole turn, so RemoveDriver waits for
   // it; polling threads only try it.

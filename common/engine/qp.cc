@@ -402,6 +402,15 @@ PostStatus Qp::PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* p
   std::size_t count = 0;
   PostStatus status = PostStatus::kOk;
   bool flushed = false;
+  // StreamLeftToProgress: a sink is a QP that took in kSinkOctets between
+  // two of its posts (perftest's ib_send_bw receiver posts a zero-length
+  // Write now and then; a ping-pong posts per message received).
+  const std::uint64_t rx_now = counters_.rx_octets.load(std::memory_order_relaxed);
+  sink_.store(rx_now - sink_mark_.load(std::memory_order_relaxed) >= kSinkOctets,
+              std::memory_order_relaxed);
+  sink_mark_.store(rx_now, std::memory_order_relaxed);
+  // Nor is a QP quiet that posts: the quiet time starts again.
+  quiet_mark_.store(~std::uint64_t{0}, std::memory_order_relaxed);
   if (destroyed_.load(std::memory_order_acquire)) {
     status = PostStatus::kInvalidState;
   } else {
@@ -837,6 +846,7 @@ void Qp::Attach() {
       std::lock_guard lock(poll_mutex_);
       poll_fd_ = stream_->fd();
       want_write_ = false;
+      tx_blocked_.store(false, std::memory_order_relaxed);
       read_closed_ = false;
       read_leased_ = false;
       add_error = engine_->poller().Add(poll_fd_, this, /*want_read=*/true, /*want_write=*/false);
@@ -1123,6 +1133,15 @@ void Qp::DriveFromPoll(const CompletionQueue& polled) {
   const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
   if (now < poll_idle_until_.load(std::memory_order_relaxed)) return;
   if (!receives && !reads && now >= lease_until) return;
+  if (polled.poll_wait().count() > 0 && StreamLeftToProgress(now)) {
+    // A stream that has been quiet for a while, or a sink, is left to the
+    // progress thread (read interest back), so that the poll may sleep
+    // instead of reading an empty socket over and over (PollMayWait): an
+    // idle connection next to a busy one, such as perftest's key-exchange
+    // QP, or the receiver of ib_send_bw.
+    if (lease_until != 0) EndReadLease();
+    return;
+  }
   std::unique_lock rx_lock(rx_mutex_, std::try_to_lock);
   if (!rx_lock.owns_lock() || !attached_ || finalized_ || detached_ || !stream_) return;
   tls_rx_driver = this;
@@ -1142,6 +1161,59 @@ void Qp::DriveFromPoll(const CompletionQueue& polled) {
     using Clock = std::chrono::steady_clock;
     ExtendReadLease(Clock::time_point(Clock::duration(now)));
   }
+}
+
+bool Qp::StreamLeftToProgress(std::chrono::steady_clock::rep now) {
+  // A sink: a bulk stream comes in and (almost) nothing goes out; the
+  // progress thread reads it (one thread working, as with a TCP receiver
+  // blocked in recv) and the poller sleeps until it pushes. A ping-pong of
+  // messages below kSinkOctets posts more often and never gets here.
+  if (sink_.load(std::memory_order_relaxed) ||
+      counters_.rx_octets.load(std::memory_order_relaxed) -
+              sink_mark_.load(std::memory_order_relaxed) >=
+          kSinkOctets) {
+    return true;
+  }
+  const std::uint64_t seen = counters_.rx_syscalls.load(std::memory_order_relaxed);
+  if (seen != quiet_mark_.load(std::memory_order_relaxed)) {
+    quiet_mark_.store(seen, std::memory_order_relaxed);
+    quiet_since_.store(now, std::memory_order_relaxed);
+    return false;
+  }
+  const auto quiet = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      kQuietBeforePollWait);
+  return now - quiet_since_.load(std::memory_order_relaxed) >= quiet.count();
+}
+
+bool Qp::PollMayWait(const CompletionQueue& /*polled*/) {
+  if (destroyed_.load(std::memory_order_acquire) || engine_->OnProgressThread() ||
+      state_.state() != QpState::kRts) {
+    return false;
+  }
+  // Either CQ counts, not only the polled one: the thread may poll the
+  // other next, and what could complete there must not wait for this one.
+  // Transmit side: a full socket is the progress thread's (EPOLLOUT); a
+  // socket with room leaves nothing to complete only with nothing
+  // outstanding (a Read is an SQ entry until its response is placed, Read
+  // Responses owed count in irq_outstanding_).
+  const bool tx_blocked = tx_blocked_.load(std::memory_order_relaxed);
+  bool reads = false;
+  if (tx_blocked) {
+    reads = ReadsOutstanding();
+  } else {
+    std::lock_guard lock(queue_mutex_);
+    if (sq_.size() != 0 || irq_outstanding_ != 0) return false;
+  }
+  // Receive side: nothing to complete (no receive posted, no Read), or a
+  // stream left to the progress thread (quiet, or a sink: see
+  // StreamLeftToProgress), which reads it (read interest back) and pushes
+  // what completes.
+  const auto lease_until = read_lease_until_.load(std::memory_order_relaxed);
+  if (lease_until == 0 && !reads && rq_->size() == 0) return true;
+  const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
+  if (!StreamLeftToProgress(now)) return false;
+  if (lease_until != 0) EndReadLease();
+  return true;
 }
 
 void Qp::OnCqArmed(const CompletionQueue& /*cq*/) {
@@ -1203,6 +1275,7 @@ bool Qp::SetWriteInterest(bool want) {
   if (want_write_ != want) {
     if (ApplyPollInterest(!read_closed_ && !read_leased_, want) != 0) return false;
     want_write_ = want;
+    tx_blocked_.store(want, std::memory_order_relaxed);
   }
   return true;
 }
@@ -1220,6 +1293,7 @@ void Qp::StopPolling() {
   ApplyPollInterest(false, false);
   polled_ = false;
   want_write_ = false;
+  tx_blocked_.store(false, std::memory_order_relaxed);
   read_leased_ = false;
 }
 

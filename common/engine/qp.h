@@ -275,8 +275,31 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // reading again for kEmptyPollBackoff: a spinning application otherwise
   // makes one recvmsg (EAGAIN) per empty poll. Counted from the end of that
   // read; short against the 8 B latency it can add (performance-notes 3.4).
+  // With a CQ that may wait (CompletionQueue::set_poll_wait), a receive
+  // turn is not taken once no read found data for kQuietBeforePollWait, or
+  // kSinkOctets came in since the last PostSend or between the last two (a
+  // bulk receiver that sends little): the read lease ends, the progress
+  // thread reads, and the poll may sleep (PollMayWait) until that thread
+  // pushes what completes.
   void DriveFromPoll(const CompletionQueue& polled) override;
   void OnCqArmed(const CompletionQueue& cq) override;
+  // True when nothing the polling thread could do would complete anything
+  // of ours on either CQ: the receive side has nothing to complete (no
+  // receive posted, no Read outstanding) or its stream is quiet (see
+  // DriveFromPoll; the lease ends so the progress thread reads), and the
+  // transmit side has nothing outstanding or waits for a full socket to
+  // drain (write interest armed: the progress thread's EPOLLOUT moves it).
+  // A latency test's socket is never full, nor quiet for 100 ms,
+  // nor a sink (it sends a message per message received), so its polls
+  // never wait.
+  bool PollMayWait(const CompletionQueue& polled) override;
+  // Long against a connection's setup: perftest exchanges its keys over a
+  // QP, then the client connects again at once while the server re-listens;
+  // with 1 ms the server's first poll slept through the quiet start, woke
+  // a few tens of us later and 3 of 25 connects were refused
+  // (docs/performance-notes.md 3.6).
+  static constexpr std::chrono::milliseconds kQuietBeforePollWait{100};
+  static constexpr std::uint64_t kSinkOctets = 4u << 20;
   static constexpr std::chrono::nanoseconds kEmptyPollBackoff{1000};
   // Until when polls take no receive turn (steady_clock ticks), and how many
   // receive turns DriveFromPoll took (for tests: each may be a recvmsg).
@@ -495,6 +518,9 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   std::mutex poll_mutex_;
   bool polled_ = false;       // guarded by poll_mutex_; fd is in the engine's poller
   bool want_write_ = false;   // guarded by poll_mutex_
+  // want_write_ for readers without poll_mutex_ (PollMayWait): the socket
+  // was full and the transmit side waits for EPOLLOUT.
+  std::atomic<bool> tx_blocked_{false};
   bool read_closed_ = false;  // guarded by poll_mutex_
   // Read interest is off while an application thread drives the receive
   // side from its CQ polls (the read lease), so the progress thread is not
@@ -508,6 +534,20 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // how many it took. Written under rx_mutex_, read without it.
   std::atomic<std::chrono::steady_clock::rep> poll_idle_until_{0};
   std::atomic<std::uint64_t> poll_receive_turns_{0};
+  // StreamLeftToProgress: rx_syscalls when a poll last saw it change, and when
+  // (steady_clock ticks); a post restarts the count (~0). Written by
+  // polling threads without a lock: a race misjudges one poll.
+  std::atomic<std::uint64_t> quiet_mark_{~std::uint64_t{0}};
+  std::atomic<std::chrono::steady_clock::rep> quiet_since_{0};
+  // rx_octets at the last PostSend, and whether at least kSinkOctets came
+  // in between that post and the one before (StreamLeftToProgress).
+  std::atomic<std::uint64_t> sink_mark_{0};
+  std::atomic<bool> sink_{false};
+  // Polling thread: true once no read has returned data for
+  // kQuietBeforePollWait, as far as the polls can tell, or while the QP is
+  // a sink: kSinkOctets came in since its last PostSend, or between its
+  // last two.
+  bool StreamLeftToProgress(std::chrono::steady_clock::rep now);
   int poll_fd_ = -1;          // guarded by poll_mutex_
   // Moves the fd's registration from its current interest (read unless
   // read_closed_ or read_leased_; write if want_write_) to the given one;

@@ -211,7 +211,6 @@ class QpRx {
   std::optional<PendingError> pending_;
   std::uint32_t tagged_stag_ = 0;   // tagged target of the current segment
   std::uint64_t tagged_to_ = 0;
-  AccessKind tagged_kind_ = AccessKind::kRemoteWrite;
 
   // Untagged QN 0 message in progress (RFC 5041 5.3).
   bool send_active_ = false;

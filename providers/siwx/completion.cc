@@ -19,6 +19,8 @@
 // read, as the kernel path in libibverbs does (ibv_cmd_destroy_cq).
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <new>
@@ -28,6 +30,32 @@
 
 namespace siwx::provider {
 namespace {
+
+// SIWX_POLL_WAIT_US (docs/settings.txt), read once per process: how long an
+// empty ibv_poll_cq may sleep when only another thread can complete
+// anything on the CQ (engine::CompletionQueue::set_poll_wait).
+constexpr long kDefaultPollWaitUs = 50;
+constexpr long kMaxPollWaitUs = 1000;
+
+std::chrono::microseconds PollWait() {
+  static const std::chrono::microseconds wait = [] {
+    const char* value = std::getenv("SIWX_POLL_WAIT_US");
+    if (value == nullptr || value[0] == '\0') {
+      return std::chrono::microseconds(kDefaultPollWaitUs);
+    }
+    char* end = nullptr;
+    errno = 0;
+    const long us = std::strtol(value, &end, 10);
+    if (errno != 0 || end == value || *end != '\0' || us < 0 || us > kMaxPollWaitUs) {
+      SIWX_LOG(kWarn, "SIWX_POLL_WAIT_US='%s' is not a number of microseconds in 0..%ld; "
+                      "using %ld",
+               value, kMaxPollWaitUs, kDefaultPollWaitUs);
+      return std::chrono::microseconds(kDefaultPollWaitUs);
+    }
+    return std::chrono::microseconds(us);
+  }();
+  return wait;
+}
 
 static_assert(static_cast<int>(engine::WcStatus::kSuccess) == IBV_WC_SUCCESS);
 static_assert(static_cast<int>(engine::WcStatus::kLocLenErr) == IBV_WC_LOC_LEN_ERR);
@@ -176,6 +204,7 @@ ibv_cq* CreateCq(ibv_context* ibctx, int cqe, ibv_comp_channel* ibchannel,
                      IBV_EVENT_CQ_ERR);
     };
     queue = engine::CompletionQueue::Create(static_cast<std::uint32_t>(cqe), std::move(callbacks));
+    if (queue != nullptr) queue->set_poll_wait(PollWait());
   } catch (...) {
     queue.reset();
   }

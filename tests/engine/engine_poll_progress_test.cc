@@ -99,6 +99,9 @@ class ProgressThreadBlocker {
 
 class PollProgressTest : public ::testing::Test {
  protected:
+  // PostersPollersAndProgressThreadRaceOnOneQp's body, with every CQ's
+  // bounded wait at `poll_wait` (zero: polls never sleep).
+  void RunPostersPollersRace(std::chrono::microseconds poll_wait);
 
   Node a_;
   Node b_;
@@ -160,7 +163,20 @@ TEST_F(PollProgressTest, ReadCompletesThroughSendCqPollWhileTheProgressThreadIsH
 // with progress, the other polls the receive CQ with progress for b's
 // Sends. Every WR completes once, in order, with its data.
 TEST_F(PollProgressTest, PostersPollersAndProgressThreadRaceOnOneQp) {
+  RunPostersPollersRace(std::chrono::microseconds(0));
+}
+
+// The same race with polls that may sleep (SIWX_POLL_WAIT_US): nothing is
+// lost, duplicated or reordered by a wait and the pushes that end it.
+TEST_F(PollProgressTest, PostersPollersAndProgressThreadRaceWithPollWait) {
+  RunPostersPollersRace(std::chrono::microseconds(50));
+}
+
+void PollProgressTest::RunPostersPollersRace(std::chrono::microseconds poll_wait) {
   Link(a_, b_, Transport::kTcp, {});
+  for (CompletionQueue* cq : {a_.send_cq.get(), a_.recv_cq.get(), b_.recv_cq.get()}) {
+    cq->set_poll_wait(poll_wait);
+  }
   constexpr std::size_t kOps = 600;
   constexpr std::size_t kMaxSize = 6000;
   constexpr std::size_t kWindow = 32;
@@ -617,6 +633,165 @@ TEST_F(PollProgressTest, EmptyPollRightAfterAnEmptyReadMakesNoSystemCall) {
   }
   if (judged == 0) GTEST_SKIP() << "no poll ended inside the backoff on this machine";
   EXPECT_EQ(turns_in_backoff, 0u) << "of " << judged << " polls inside the backoff";
+}
+
+// ---- The bounded wait of an empty poll (CompletionQueue::set_poll_wait,
+// Qp::PollMayWait; SIWX_POLL_WAIT_US) ----
+
+// The sender's socket fills (the receiver's progress thread is held), so
+// its transmit side waits for EPOLLOUT: polls of its send CQ sleep instead
+// of spinning. Once the receiver reads again every Write completes, in
+// order, and its data arrived.
+TEST_F(PollProgressTest, SenderBlockedOnAFullSocketWaitsInPollAndEveryWriteCompletes) {
+  Link(a_, b_, Transport::kTcp, {});
+  ProgressThreadBlocker blocker(b_, a_.engine);
+  ASSERT_TRUE(blocker.Block());
+  a_.send_cq->set_poll_wait(std::chrono::milliseconds(1));
+
+  constexpr std::size_t kSize = 64 * 1024;
+  constexpr std::uint64_t kWrites = 200;  // 12.5 MiB: more than both socket buffers
+  Buffer target(kSize);
+  const std::uint32_t rkey = target.Register(b_.memory(), b_.pd, kAllRemote);
+  Buffer src(kSize);
+  src.Fill(9);
+  const std::uint32_t lkey = src.Register(a_.memory(), a_.pd, AccessFlags::kLocalWrite);
+  for (std::uint64_t id = 0; id < kWrites; ++id) {
+    SendWorkRequest write = MakeSend(id, SendOpcode::kRdmaWrite);
+    AddSge(write, src.addr(), kSize, lkey);
+    write.rkey = rkey;
+    write.remote_addr = target.addr();
+    ASSERT_EQ(a_.qp->PostSend(write), PostStatus::kOk);
+  }
+  std::vector<WorkCompletion> done;
+  std::array<WorkCompletion, 16> batch;
+  const auto deadline = Clock::now() + kWait;
+  while (a_.send_cq->poll_waits() == 0 && Clock::now() < deadline) {
+    const std::size_t got = a_.send_cq->PollWithProgress(batch);
+    done.insert(done.end(), batch.begin(), batch.begin() + static_cast<std::ptrdiff_t>(got));
+  }
+  EXPECT_GT(a_.send_cq->poll_waits(), 0u);
+  EXPECT_LT(done.size(), kWrites);  // the socket was full
+  EXPECT_TRUE(blocker.blocked());
+
+  blocker.Release();
+  const auto rest = PollProgressFor(*a_.send_cq, kWrites - done.size());
+  done.insert(done.end(), rest.begin(), rest.end());
+  ASSERT_EQ(done.size(), kWrites);
+  for (std::uint64_t i = 0; i < kWrites; ++i) {
+    EXPECT_EQ(done[i].wr_id, i);
+    EXPECT_EQ(done[i].status, WcStatus::kSuccess);
+  }
+  // The last Write is placed once b reads it; a Send after it tells when.
+  Buffer rbuf(8);
+  PostRecv(b_, 1, rbuf, rbuf.Register(b_.memory(), b_.pd, AccessFlags::kLocalWrite));
+  ASSERT_EQ(a_.qp->PostSend(MakeSend(kWrites, SendOpcode::kSend)), PostStatus::kOk);
+  ASSERT_EQ(WaitCompletions(*b_.recv_cq, 1).size(), 1u);
+  EXPECT_TRUE(SameBytes(target.data(), src.data(), kSize));
+}
+
+// A receiver polling a stream that has been quiet for
+// Qp::kQuietBeforePollWait sleeps in its poll (the read lease ends); a Send
+// that arrives then is read by the progress thread, whose push ends the
+// wait, and that same poll returns it.
+TEST_F(PollProgressTest, PollOnAQuietStreamSleepsUntilTheProgressThreadPushes) {
+  Link(a_, b_, Transport::kTcp, {});
+  Buffer rbuf(64);
+  const std::uint32_t key = rbuf.Register(b_.memory(), b_.pd, AccessFlags::kLocalWrite);
+  PostRecv(b_, 0, rbuf, key);
+  PostRecv(b_, 1, rbuf, key);
+  ASSERT_EQ(a_.qp->PostSend(MakeSend(0, SendOpcode::kSend)), PostStatus::kOk);
+  ASSERT_EQ(PollProgressFor(*b_.recv_cq, 1).size(), 1u);  // b holds the lease now
+  // Far longer than the test may run: a lost wake-up shows as a timeout.
+  b_.recv_cq->set_poll_wait(std::chrono::minutes(10));
+  std::vector<WorkCompletion> got;
+  std::thread poller([&] {
+    std::array<WorkCompletion, 4> batch;
+    std::size_t n = 0;
+    while (n == 0) n = b_.recv_cq->PollWithProgress(batch);
+    got.assign(batch.begin(), batch.begin() + static_cast<std::ptrdiff_t>(n));
+  });
+  ASSERT_TRUE(WaitUntil([&] { return b_.recv_cq->poll_waits() > 0; }));
+  Buffer src(40);
+  src.Fill(6);
+  SendWorkRequest wr = MakeSend(1, SendOpcode::kSend);
+  AddSge(wr, src.addr(), 40, src.Register(a_.memory(), a_.pd, AccessFlags::kLocalWrite));
+  ASSERT_EQ(a_.qp->PostSend(wr), PostStatus::kOk);
+  poller.join();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].wr_id, 1u);
+  EXPECT_EQ(got[0].status, WcStatus::kSuccess);
+  EXPECT_EQ(got[0].byte_len, 40u);
+  EXPECT_TRUE(SameBytes(rbuf.data(), src.data(), 40));
+  EXPECT_EQ(b_.recv_cq->poll_wait_timeouts(), 0u);
+}
+
+// A pure sink (Qp::kSinkOctets in since its last PostSend) leaves reading
+// to the progress thread and its polls may sleep: every Send of a stream
+// still completes once, in order, with its data, and after the stream an
+// empty poll of the sink sleeps (bounded) instead of reading.
+TEST_F(PollProgressTest, SinkLeavesReadingToTheProgressThreadAndLosesNothing) {
+  Link(a_, b_, Transport::kTcp, {});
+  b_.recv_cq->set_poll_wait(std::chrono::microseconds(200));
+  constexpr std::size_t kSize = 32 * 1024;
+  constexpr std::uint64_t kMessages = 2 * (Qp::kSinkOctets / kSize);
+  constexpr std::uint64_t kWindow = 64;
+  Buffer rbufs(kWindow * kSize);
+  const std::uint32_t rkey = rbufs.Register(b_.memory(), b_.pd, AccessFlags::kLocalWrite);
+  auto post_slot = [&](std::uint64_t id) {
+    ReceiveWorkRequest rwr;
+    rwr.wr_id = id;
+    AddSge(rwr, rbufs.addr() + (id % kWindow) * kSize, kSize, rkey);
+    return b_.qp->PostRecv(rwr) == PostStatus::kOk;
+  };
+  for (std::uint64_t id = 0; id < kWindow; ++id) ASSERT_TRUE(post_slot(id));
+  std::atomic<std::uint64_t> posted_upto{kWindow};  // receives b has posted
+  Buffer src(kWindow * kSize);
+  for (std::uint64_t i = 0; i < kWindow; ++i) {
+    for (std::size_t j = 0; j < kSize; ++j) {
+      src.data()[i * kSize + j] = PatternByte(static_cast<std::uint32_t>(i), j);
+    }
+  }
+  const std::uint32_t lkey = src.Register(a_.memory(), a_.pd, AccessFlags::kLocalWrite);
+  std::thread sender([&] {
+    std::uint64_t next = 0;
+    std::array<WorkCompletion, 16> batch;
+    const auto deadline = Clock::now() + kWait;
+    while (next < kMessages && Clock::now() < deadline) {
+      // Only into receives b has posted (a Send without one ends the stream).
+      while (next < kMessages && next < posted_upto.load()) {
+        SendWorkRequest wr = MakeSend(next, SendOpcode::kSend);
+        AddSge(wr, src.addr() + (next % kWindow) * kSize, kSize, lkey);
+        if (a_.qp->PostSend(wr) != PostStatus::kOk) return;
+        ++next;
+      }
+      a_.send_cq->PollWithProgress(batch);
+    }
+  });
+  std::uint64_t received = 0;
+  std::array<WorkCompletion, 16> batch;
+  const auto deadline = Clock::now() + kWait;
+  while (received < kMessages && Clock::now() < deadline) {
+    const std::size_t n = b_.recv_cq->PollWithProgress(batch);
+    for (std::size_t i = 0; i < n; ++i) {
+      const WorkCompletion& wc = batch[i];
+      ASSERT_EQ(wc.wr_id, received);
+      ASSERT_EQ(wc.status, WcStatus::kSuccess);
+      ASSERT_EQ(wc.byte_len, kSize);
+      const std::size_t slot = (received % kWindow) * kSize;
+      ASSERT_TRUE(SameBytes(rbufs.data() + slot, src.data() + slot, kSize));
+      if (received + kWindow < kMessages) {
+        ASSERT_TRUE(post_slot(received + kWindow));
+        posted_upto.store(received + kWindow + 1);
+      }
+      ++received;
+    }
+  }
+  sender.join();
+  ASSERT_EQ(received, kMessages);
+  ASSERT_TRUE(post_slot(kMessages));  // a receive posted: a poll would read
+  const std::uint64_t waits = b_.recv_cq->poll_waits();
+  ASSERT_EQ(b_.recv_cq->PollWithProgress(batch), 0u);
+  EXPECT_EQ(b_.recv_cq->poll_waits(), waits + 1);
 }
 
 }  // namespace

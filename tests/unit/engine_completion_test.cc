@@ -7,6 +7,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <thread>
 #include <vector>
@@ -347,6 +348,121 @@ TEST(CompletionQueueYield, ZeroThresholdZeroLengthPollsAndPlainPollNeverYield) {
     }
     EXPECT_EQ(CompletionQueue::YieldsOnThisThread(), 0u);
   });
+}
+
+// Makes this thread's last polled CQ one that is not `cq` (a CQ made at the
+// address of one this thread polled before would otherwise count as polled).
+void PollSomethingElse() {
+  auto other = CompletionQueue::Create(1, {});
+  std::array<WorkCompletion, 1> out;
+  other->PollWithProgress(out);
+}
+
+// A driver whose PollMayWait answer the test sets; it drives nothing.
+class FakeDriver : public PollDriver {
+ public:
+  void DriveFromPoll(const CompletionQueue& /*polled*/) override { turns.fetch_add(1); }
+  void OnCqArmed(const CompletionQueue& /*cq*/) override {}
+  bool PollMayWait(const CompletionQueue& /*polled*/) override { return may_wait.load(); }
+  std::atomic<bool> may_wait{true};
+  std::atomic<int> turns{0};
+};
+
+// The bounded wait of an empty PollWithProgress: it sleeps only when every
+// driver agrees, only on a thread that polls this CQ alone, and a Push from
+// another thread ends it with that entry returned by the same call.
+TEST(CompletionQueuePollWait, PushFromAnotherThreadEndsTheWaitWithItsEntry) {
+  auto cq = CompletionQueue::Create(8, {});
+  FakeDriver driver;
+  cq->AddDriver(&driver);
+  // Far longer than any test may run: a lost wake-up shows as a timeout.
+  cq->set_poll_wait(std::chrono::minutes(10));
+  std::array<WorkCompletion, 4> out;
+  std::size_t got = 0;
+  std::thread poller([&] {
+    // The first poll on this thread only notes the CQ; the second waits.
+    got = cq->PollWithProgress(out);
+    if (got == 0) got = cq->PollWithProgress(out);
+  });
+  while (cq->poll_waits() == 0) std::this_thread::yield();
+  ASSERT_EQ(cq->Push(Wc(5)), PushStatus::kOk);
+  poller.join();
+  ASSERT_EQ(got, 1u);
+  EXPECT_EQ(out[0].wr_id, 5u);
+  EXPECT_EQ(cq->poll_waits(), 1u);
+  EXPECT_EQ(cq->poll_wait_timeouts(), 0u);
+  cq->RemoveDriver(&driver);
+}
+
+// A CQ in error (it overflowed) gets nothing more: a poll never sleeps on it.
+TEST(CompletionQueuePollWait, CqInErrorNeverWaits) {
+  auto cq = CompletionQueue::Create(1, {});
+  ASSERT_EQ(cq->Push(Wc(1)), PushStatus::kOk);
+  ASSERT_EQ(cq->Push(Wc(2)), PushStatus::kOverflow);
+  FakeDriver driver;
+  cq->AddDriver(&driver);
+  cq->set_poll_wait(std::chrono::minutes(10));
+  std::array<WorkCompletion, 4> out;
+  ASSERT_EQ(cq->PollWithProgress(out), 1u);
+  for (int i = 0; i < 5; ++i) ASSERT_EQ(cq->PollWithProgress(out), 0u);
+  EXPECT_EQ(cq->poll_waits(), 0u);
+  cq->RemoveDriver(&driver);
+}
+
+TEST(CompletionQueuePollWait, NoWaitWhenADriverCanProgressOrWaitIsOff) {
+  auto cq = CompletionQueue::Create(8, {});
+  FakeDriver ready;
+  FakeDriver busy;
+  busy.may_wait = false;
+  cq->AddDriver(&ready);
+  cq->AddDriver(&busy);
+  cq->set_poll_wait(std::chrono::minutes(10));
+  std::array<WorkCompletion, 4> out;
+  for (int i = 0; i < 50; ++i) ASSERT_EQ(cq->PollWithProgress(out), 0u);
+  EXPECT_EQ(cq->poll_waits(), 0u);
+  cq->RemoveDriver(&busy);
+  cq->set_poll_wait(std::chrono::microseconds(0));  // SIWX_POLL_WAIT_US=0
+  for (int i = 0; i < 50; ++i) ASSERT_EQ(cq->PollWithProgress(out), 0u);
+  EXPECT_EQ(cq->poll_waits(), 0u);
+  EXPECT_GT(ready.turns.load(), 0);
+  cq->RemoveDriver(&ready);
+}
+
+// A thread that polls two CQs in turn never sleeps on either: while it
+// slept on one, the other's completions would wait.
+TEST(CompletionQueuePollWait, ThreadPollingTwoCqsInTurnNeverWaits) {
+  auto first = CompletionQueue::Create(8, {});
+  auto second = CompletionQueue::Create(8, {});
+  FakeDriver d1;
+  FakeDriver d2;
+  first->AddDriver(&d1);
+  second->AddDriver(&d2);
+  first->set_poll_wait(std::chrono::minutes(10));
+  second->set_poll_wait(std::chrono::minutes(10));
+  std::array<WorkCompletion, 4> out;
+  PollSomethingElse();
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_EQ(first->PollWithProgress(out), 0u);
+    ASSERT_EQ(second->PollWithProgress(out), 0u);
+  }
+  EXPECT_EQ(first->poll_waits(), 0u);
+  EXPECT_EQ(second->poll_waits(), 0u);
+  first->RemoveDriver(&d1);
+  second->RemoveDriver(&d2);
+}
+
+// A bounded wait that nothing ends returns empty after its bound.
+TEST(CompletionQueuePollWait, WaitWithoutPushReturnsEmpty) {
+  auto cq = CompletionQueue::Create(8, {});
+  FakeDriver driver;
+  cq->AddDriver(&driver);
+  cq->set_poll_wait(std::chrono::microseconds(200));
+  std::array<WorkCompletion, 4> out;
+  PollSomethingElse();
+  for (int i = 0; i < 5; ++i) ASSERT_EQ(cq->PollWithProgress(out), 0u);
+  EXPECT_EQ(cq->poll_waits(), 4u);  // the first poll only noted the CQ
+  EXPECT_EQ(cq->poll_wait_timeouts(), 4u);
+  cq->RemoveDriver(&driver);
 }
 
 }  // namespace
