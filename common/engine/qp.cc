@@ -463,6 +463,11 @@ PostStatus Qp::PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* p
   }
   if (posted != nullptr) *posted = count;
   if (flushed) RetireSq();
+  // Unless this thread reads the stream itself: the progress thread places
+  // what comes back, so it keeps off this CPU (placement.h).
+  if (count > 0 && read_lease_until_.load(std::memory_order_relaxed) == 0) {
+    engine_->NoteApplicationCpu();
+  }
   if (count > 0) KickTx();
   return status;
 }
@@ -1141,6 +1146,7 @@ void Qp::DriveFromPoll(const CompletionQueue& polled) {
     // The clock read before the turn serves: a lease is 1 ms, a turn microseconds.
     using Clock = std::chrono::steady_clock;
     ExtendReadLease(Clock::time_point(Clock::duration(now)));
+    engine_->NoteApplicationDrives();
   }
 }
 
