@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "common/engine/placement.h"
+
 namespace siwx::engine {
 
 namespace {
@@ -125,6 +127,7 @@ std::size_t CompletionQueue::CountSuccessful(std::uint32_t qp_num) const {
 }
 
 std::size_t CompletionQueue::PollWithProgress(std::span<WorkCompletion> out) {
+  NoteApplicationCpu();  // where the process's application threads spin (placement.h)
   const std::size_t n = Poll(out);
   if (n > 0 || out.empty() || tls_driving) return n;
   {

@@ -39,22 +39,31 @@ enum class ProgressAffinity : unsigned char {
   kAway,  // off the CPU the application last posted from (no read lease)
 };
 
-// One per engine. Note: application threads; the rest: the progress thread.
+// Application threads, process-wide: records the current CPU (one rseq read;
+// a store only when it changed) when a thread posts or polls, once an
+// engine with kAway exists.
+void NoteApplicationCpu();
+
+// One per engine. Note*: application threads; the rest: the progress thread.
 class ProgressPlacement {
  public:
   explicit ProgressPlacement(ProgressAffinity affinity) : affinity_(affinity) {}
 
   // Application thread that posted to a QP whose inbound work the progress
-  // thread does (no read lease): records the current CPU (one rseq read; a
-  // store only when it changed).
-  void NoteApplicationCpu() {
+  // thread does (no read lease).
+  void NoteApplicationPosts() {
     if (affinity_ != ProgressAffinity::kAway) return;
-    Store(sched_getcpu());
+    if (self_driven_.load(std::memory_order_relaxed)) {
+      self_driven_.store(false, std::memory_order_relaxed);
+    }
+    NoteApplicationCpu();
   }
-  // Application thread that reads its QP's stream itself (it holds the read
+  // Application thread that reads a QP's stream itself (it holds the read
   // lease): the progress thread is off that path and need not move.
   void NoteApplicationDrives() {
-    if (affinity_ == ProgressAffinity::kAway) Store(-1);
+    if (affinity_ == ProgressAffinity::kAway && !self_driven_.load(std::memory_order_relaxed)) {
+      self_driven_.store(true, std::memory_order_relaxed);
+    }
   }
 
   // Progress thread, once before its loop: reads the thread's allowed CPUs.
@@ -71,15 +80,8 @@ class ProgressPlacement {
   static constexpr std::chrono::milliseconds kSettle{1};
 
  private:
-  void Store(int cpu) {
-    // Loaded first: a store per post would bounce the line between posters.
-    if (application_cpu_.load(std::memory_order_relaxed) != cpu) {
-      application_cpu_.store(cpu, std::memory_order_relaxed);
-    }
-  }
-
   const ProgressAffinity affinity_;
-  std::atomic<int> application_cpu_{-1};
+  std::atomic<bool> self_driven_{false};
   // Progress thread only.
   bool enabled_ = false;
   cpu_set_t allowed_{};
