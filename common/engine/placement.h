@@ -1,30 +1,33 @@
 // SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Where the progress thread runs relative to the application threads.
 //
-// Application threads note the CPU they run on when they post to one of the
-// engine's QPs whose inbound work the progress thread does
-// (NoteApplicationCpu), and clear the note when they read a QP's stream
-// themselves under the read lease (NoteApplicationDrives: the progress
-// thread is then off the data path; kept away from ib_read_lat's requester
-// it measured 27-38 us in most runs instead of 10). The progress thread of an
-// engine configured with ProgressAffinity::kAway keeps off the noted CPU
-// (Apply, before it sleeps). On two CPUs with a busy-polling application in
-// each of two processes, a progress thread that shares its CPU with its own
-// spinning application is served late after its wake-up (ib_write_lat 16-36
-// us in such runs), while one on the other CPU is woken where its peer just
-// sent and runs at once (6 us); docs/performance-notes.md 3.5. Bandwidth
-// wants the same split: the thread that moves data on a CPU of its own.
+// Application threads note, for the whole process, the CPU they run on when
+// they poll a CQ or post to a QP without the read lease (NoteApplicationCpu,
+// NoteApplicationPosts). The progress thread of an engine configured with
+// ProgressAffinity::kAway keeps off that CPU (Apply, before it sleeps),
+// unless an application thread reads one of that engine's streams itself
+// under the read lease (NoteApplicationDrives): the progress thread is then
+// off the data path and stays on all its CPUs.
 //
-// Per engine, not per process: a thread that waits on another device
-// context (perftest's rdma_cm handshake QP, which ib_read_lat's responder
-// polls while its progress thread answers on the measured one) says nothing
-// about who consumes this engine's work.
+// Why (docs/performance-notes.md 3.5, 2 vCPUs, one busy-polling
+// application thread per process): a progress thread sharing its CPU with
+// a spinning application thread of its own process is served late after its
+// wake-up (ib_write_lat 16-36 us in such runs), while one on the other CPU
+// is woken where the peer just sent and runs at once (6 us). Process-wide,
+// because the spinning thread may wait on another device context:
+// ib_read_lat's responder spins on perftest's rdma_cm handshake QP while
+// its progress thread answers Read Requests on the measured one. The lease
+// exception, because ib_read_lat's requester reads its Read Responses itself
+// and its progress thread kept away from it measured 27-38 us in most runs
+// instead of 10. Bandwidth wants the same split: the thread that moves data
+// on a CPU other than the one the application spins on.
 //
-// Limits: the last note wins and stays until another replaces it; the
-// progress thread's allowed set is the one it inherited when it started; an
-// affinity change an application makes for the progress thread later is
-// overridden at the next change of the hint. A process allowed one CPU is
-// left alone.
+// Limits: the last note wins and stays until another replaces it; a note
+// must stay the same for kSettle before the thread moves (threads polling
+// from several CPUs move nothing); the progress thread's allowed set is the
+// one it inherited when it started; an affinity change an application makes
+// for the progress thread later is overridden at the next change of the
+// hint. A process allowed one CPU is left alone.
 #pragma once
 
 #include <sched.h>
@@ -36,7 +39,7 @@ namespace siwx::engine {
 
 enum class ProgressAffinity : unsigned char {
   kAny,   // the scheduler places the progress thread (no affinity change)
-  kAway,  // off the CPU the application last posted from (no read lease)
+  kAway,  // off the CPU the process's application threads last polled or posted from
 };
 
 // Application threads, process-wide: records the current CPU (one rseq read;
