@@ -4,8 +4,6 @@
 #include <algorithm>
 #include <utility>
 
-#include "common/engine/placement.h"
-
 namespace siwx::engine {
 
 namespace {
@@ -127,7 +125,6 @@ std::size_t CompletionQueue::CountSuccessful(std::uint32_t qp_num) const {
 }
 
 std::size_t CompletionQueue::PollWithProgress(std::span<WorkCompletion> out) {
-  NoteApplicationCpu();  // where the process's application threads spin (placement.h)
   const std::size_t n = Poll(out);
   if (n > 0 || out.empty() || tls_driving) return n;
   {

@@ -119,7 +119,7 @@ class Engine {
   void WakeProgressThread() { doorbell_.Ring(); }
 
   // Application threads: placement hints (placement.h).
-  void NoteApplicationPosts() { placement_.NoteApplicationPosts(); }
+  void NoteApplicationCpu() { placement_.NoteApplicationCpu(); }
   void NoteApplicationDrives() { placement_.NoteApplicationDrives(); }
 
  private:

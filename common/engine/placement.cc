@@ -2,34 +2,16 @@
 #include "common/engine/placement.h"
 
 namespace siwx::engine {
-namespace {
-
-std::atomic<bool> g_wanted{false};
-std::atomic<int> g_application_cpu{-1};
-
-}  // namespace
-
-void NoteApplicationCpu() {
-  if (!g_wanted.load(std::memory_order_relaxed)) return;
-  const int cpu = sched_getcpu();
-  // Loaded first: a store per poll would bounce the line between pollers.
-  if (cpu >= 0 && g_application_cpu.load(std::memory_order_relaxed) != cpu) {
-    g_application_cpu.store(cpu, std::memory_order_relaxed);
-  }
-}
 
 void ProgressPlacement::Start() {
   if (affinity_ != ProgressAffinity::kAway) return;
   if (sched_getaffinity(0, sizeof(allowed_), &allowed_) != 0 || CPU_COUNT(&allowed_) < 2) return;
   enabled_ = true;
-  g_wanted.store(true, std::memory_order_relaxed);
 }
 
 void ProgressPlacement::Apply() {
   if (!enabled_) return;
-  const int cpu = self_driven_.load(std::memory_order_relaxed)
-                      ? -1
-                      : g_application_cpu.load(std::memory_order_relaxed);
+  const int cpu = application_cpu_.load(std::memory_order_relaxed);
   if (cpu == applied_ && cpu == candidate_) return;  // settled: no clock read
   const auto now = std::chrono::steady_clock::now();
   if (cpu != candidate_) {

@@ -466,7 +466,7 @@ PostStatus Qp::PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* p
   // Unless this thread reads the stream itself: the progress thread places
   // what comes back, so it keeps off this CPU (placement.h).
   if (count > 0 && read_lease_until_.load(std::memory_order_relaxed) == 0) {
-    engine_->NoteApplicationPosts();
+    engine_->NoteApplicationCpu();
   }
   if (count > 0) KickTx();
   return status;
