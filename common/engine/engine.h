@@ -120,7 +120,7 @@ class Engine {
 
   // Application threads: placement hints (placement.h).
   void NoteApplicationCpu() { placement_.NoteApplicationCpu(); }
-  void NoteApplicationDrives() { placement_.NoteApplicationDrives(); }
+  void ClearApplicationCpu() { placement_.ClearApplicationCpu(); }
 
  private:
   friend class Qp;

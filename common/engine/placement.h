@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // Where the progress thread runs relative to the application threads.
 //
-// An application thread that posts to one of the engine's QPs without the
-// read lease (the progress thread places what comes back) notes its CPU
-// (NoteApplicationCpu); one that reads a stream itself under the read lease
-// clears the note (NoteApplicationDrives: the progress thread is then off
-// the data path). The progress thread of an engine configured with
+// An application thread that posts to an idle send queue of one of the
+// engine's QPs without the read lease (a ping-pong whose answer the
+// progress thread places) notes its CPU (NoteApplicationCpu); one that reads
+// a stream itself under the read lease, or posts behind outstanding WRs (a
+// stream, where the progress thread and the application already run apart),
+// clears the note (ClearApplicationCpu). The progress thread of an engine configured with
 // ProgressAffinity::kAway keeps off the noted CPU (Apply, before it sleeps).
 //
 // Why (docs/performance-notes.md 3.5, 2 vCPUs, one busy-polling
@@ -44,16 +45,18 @@ class ProgressPlacement {
  public:
   explicit ProgressPlacement(ProgressAffinity affinity) : affinity_(affinity) {}
 
-  // Application thread that posted to a QP whose inbound work the progress
-  // thread does (no read lease): records the current CPU (one rseq read; a
-  // store only when it changed).
+  // Application thread that posted one WR to an idle send queue of a QP
+  // whose inbound work the progress thread does (no read lease): a
+  // ping-pong; records the current CPU (one rseq read; a store only when it
+  // changed).
   void NoteApplicationCpu() {
     if (affinity_ != ProgressAffinity::kAway) return;
     Store(sched_getcpu());
   }
   // Application thread that reads its QP's stream itself (it holds the read
-  // lease): the progress thread is off that path and need not move.
-  void NoteApplicationDrives() {
+  // lease), or posts behind outstanding WRs (streaming): the progress thread
+  // need not move (off the path, or better placed by the scheduler).
+  void ClearApplicationCpu() {
     if (affinity_ == ProgressAffinity::kAway) Store(-1);
   }
 

@@ -402,6 +402,7 @@ PostStatus Qp::PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* p
   std::size_t count = 0;
   PostStatus status = PostStatus::kOk;
   bool flushed = false;
+  bool alone = false;  // what was posted is all the SQ holds (placement)
   if (destroyed_.load(std::memory_order_acquire)) {
     status = PostStatus::kInvalidState;
   } else {
@@ -460,13 +461,19 @@ PostStatus Qp::PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* p
       ++sq_.tail;
       ++count;
     }
+    alone = count > 0 && sq_.size() == count;
   }
   if (posted != nullptr) *posted = count;
   if (flushed) RetireSq();
-  // Unless this thread reads the stream itself: the progress thread places
-  // what comes back, so it keeps off this CPU (placement.h).
+  // A ping-pong whose answer the progress thread places (no read lease, the
+  // send queue was idle): it keeps off this CPU; a stream: no need
+  // (placement.h).
   if (count > 0 && read_lease_until_.load(std::memory_order_relaxed) == 0) {
-    engine_->NoteApplicationCpu();
+    if (alone) {
+      engine_->NoteApplicationCpu();
+    } else {
+      engine_->ClearApplicationCpu();
+    }
   }
   if (count > 0) KickTx();
   return status;
@@ -1146,7 +1153,7 @@ void Qp::DriveFromPoll(const CompletionQueue& polled) {
     // The clock read before the turn serves: a lease is 1 ms, a turn microseconds.
     using Clock = std::chrono::steady_clock;
     ExtendReadLease(Clock::time_point(Clock::duration(now)));
-    engine_->NoteApplicationDrives();
+    engine_->ClearApplicationCpu();
   }
 }
 
