@@ -2,11 +2,12 @@
 // Where the progress thread runs relative to the application threads.
 //
 // An application thread that posts to an idle send queue of one of the
-// engine's QPs without the read lease (a ping-pong whose answer the
-// progress thread places) notes its CPU (NoteApplicationCpu); one that reads
-// a stream itself under the read lease, or posts behind outstanding WRs (a
-// stream, where the progress thread and the application already run apart),
-// clears the note (ClearApplicationCpu). The progress thread of an engine configured with
+// engine's QPs after something came in on it, without the read lease (a
+// ping-pong whose answer the progress thread places), notes its CPU
+// (NoteApplicationCpu); one that reads a stream itself under the read
+// lease, or posts behind outstanding WRs or with nothing received since its
+// last post (a stream, where the progress thread and the application
+// already run apart), clears the note (ClearApplicationCpu). The progress thread of an engine configured with
 // ProgressAffinity::kAway keeps off the noted CPU (Apply, before it sleeps).
 //
 // Why (docs/performance-notes.md 3.5, 2 vCPUs, one busy-polling
@@ -45,9 +46,9 @@ class ProgressPlacement {
  public:
   explicit ProgressPlacement(ProgressAffinity affinity) : affinity_(affinity) {}
 
-  // Application thread that posted one WR to an idle send queue of a QP
-  // whose inbound work the progress thread does (no read lease): a
-  // ping-pong; records the current CPU (one rseq read; a store only when it
+  // Application thread that posted to an idle send queue of a QP, after
+  // something came in on it, whose inbound work the progress thread does
+  // (no read lease): a ping-pong; records the current CPU (one rseq read; a store only when it
   // changed).
   void NoteApplicationCpu() {
     if (affinity_ != ProgressAffinity::kAway) return;

@@ -402,7 +402,7 @@ PostStatus Qp::PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* p
   std::size_t count = 0;
   PostStatus status = PostStatus::kOk;
   bool flushed = false;
-  bool alone = false;  // what was posted is all the SQ holds (placement)
+  bool alone = false;  // a ping-pong post (placement)
   if (destroyed_.load(std::memory_order_acquire)) {
     status = PostStatus::kInvalidState;
   } else {
@@ -461,13 +461,16 @@ PostStatus Qp::PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* p
       ++sq_.tail;
       ++count;
     }
-    alone = count > 0 && sq_.size() == count;
+    // A ping-pong: nothing else in the SQ, and something came in since the
+    // last post (a sender streaming into an idle SQ hears nothing back).
+    const std::uint64_t fpdus_in = counters_.rx_fpdus.load(std::memory_order_relaxed);
+    alone = count > 0 && sq_.size() == count && fpdus_in != rx_fpdus_at_post_;
+    if (count > 0) rx_fpdus_at_post_ = fpdus_in;
   }
   if (posted != nullptr) *posted = count;
   if (flushed) RetireSq();
-  // A ping-pong whose answer the progress thread places (no read lease, the
-  // send queue was idle): it keeps off this CPU; a stream: no need
-  // (placement.h).
+  // A ping-pong whose answer the progress thread places (no read lease): it
+  // keeps off this CPU; a stream: no need (placement.h).
   if (count > 0 && read_lease_until_.load(std::memory_order_relaxed) == 0) {
     if (alone) {
       engine_->NoteApplicationCpu();

@@ -65,6 +65,16 @@ class PlacementTest : public ::testing::Test {
     ASSERT_EQ(a.qp->PostSend(wr), PostStatus::kOk);
   }
 
+  // a sends to b, b answers, a sees the answer without driving (its
+  // progress thread placed it): the next post of a is a ping-pong post.
+  void Exchange(Node& a, Node& b, std::uint64_t id, Buffer& rbuf, std::uint32_t rkey,
+                Buffer& abuf, std::uint32_t akey) {
+    SendOne(a, b, id, rbuf, rkey);
+    ASSERT_EQ(WaitCompletions(*b.recv_cq, 1).size(), 1u);
+    SendOne(b, a, id + 1, abuf, akey);
+    ASSERT_EQ(WaitCompletions(*a.recv_cq, 1).size(), 1u);
+  }
+
   cpu_set_t allowed_{};
   int cpu_ = 0;
 };
@@ -75,8 +85,11 @@ TEST_F(PlacementTest, ProgressThreadKeepsOffTheCpuTheApplicationPostsFrom) {
   Link(a, b, Transport::kTcp, {});
   Buffer rbuf(64);
   const std::uint32_t rkey = rbuf.Register(b.memory(), b.pd, AccessFlags::kLocalWrite);
+  Buffer abuf(64);
+  const std::uint32_t akey = abuf.Register(a.memory(), a.pd, AccessFlags::kLocalWrite);
   PinToCpu();
-  SendOne(a, b, 1, rbuf, rkey);
+  Exchange(a, b, 1, rbuf, rkey, abuf, akey);
+  SendOne(a, b, 3, rbuf, rkey);  // after b's answer, into an idle SQ
 
   EXPECT_TRUE(ProgressAffinityBecomes(*a.engine, [&](const cpu_set_t& set) {
     if (CPU_ISSET(cpu_, &set)) return false;
@@ -84,9 +97,6 @@ TEST_F(PlacementTest, ProgressThreadKeepsOffTheCpuTheApplicationPostsFrom) {
     CPU_CLR(cpu_, &expected);
     return CPU_EQUAL(&set, &expected);  // every other allowed CPU
   }));
-  // b's application never posted a Send: its progress thread stays put.
-  const cpu_set_t b_set = AffinityOf(b.engine->progress_thread_tid());
-  EXPECT_TRUE(CPU_EQUAL(&b_set, &allowed_));
   // The message still arrives (b's progress thread places it).
   EXPECT_EQ(WaitCompletions(*b.recv_cq, 1).size(), 1u);
 }
@@ -100,14 +110,16 @@ TEST_F(PlacementTest, ReadLeaseReturnsTheProgressThreadToEveryCpu) {
   Buffer abuf(64);
   const std::uint32_t akey = abuf.Register(a.memory(), a.pd, AccessFlags::kLocalWrite);
   PinToCpu();
-  SendOne(a, b, 1, rbuf, rkey);
+  Exchange(a, b, 1, rbuf, rkey, abuf, akey);
+  SendOne(a, b, 3, rbuf, rkey);
+  ASSERT_EQ(WaitCompletions(*b.recv_cq, 1).size(), 1u);
   ASSERT_TRUE(ProgressAffinityBecomes(
       *a.engine, [&](const cpu_set_t& set) { return !CPU_ISSET(cpu_, &set); }));
 
   // a's application now waits for b's Send by polling its receive CQ with a
   // receive posted: the first empty poll reads the stream itself (and takes
   // the read lease), before b sends anything.
-  PostRecv(a, 2, abuf, akey);
+  PostRecv(a, 5, abuf, akey);
   std::array<WorkCompletion, 4> wcs;
   ASSERT_TRUE(WaitUntil([&] {
     EXPECT_EQ(a.recv_cq->PollWithProgress(wcs), 0u);
@@ -120,9 +132,31 @@ TEST_F(PlacementTest, ReadLeaseReturnsTheProgressThreadToEveryCpu) {
   std::size_t got = 0;
   while (got == 0 && Clock::now() < deadline) got = a.recv_cq->PollWithProgress(wcs);
   ASSERT_EQ(got, 1u);
-  EXPECT_EQ(wcs[0].wr_id, 2u);
+  EXPECT_EQ(wcs[0].wr_id, 5u);
   EXPECT_TRUE(ProgressAffinityBecomes(
       *a.engine, [&](const cpu_set_t& set) { return CPU_EQUAL(&set, &allowed_); }));
+}
+
+TEST_F(PlacementTest, PostsWithNothingReceivedBetweenThemLeaveTheProgressThreadAlone) {
+  Node a;
+  Node b;
+  Link(a, b, Transport::kTcp, {});
+  Buffer rbuf(64);
+  const std::uint32_t rkey = rbuf.Register(b.memory(), b.pd, AccessFlags::kLocalWrite);
+  PinToCpu();
+  // A stream: every post finds the SQ idle (inline Sends complete at once)
+  // but nothing comes back between them.
+  for (std::uint64_t id = 1; id <= 4; ++id) {
+    SendOne(a, b, id, rbuf, rkey);
+    ASSERT_EQ(WaitCompletions(*a.send_cq, 1).size(), 1u);
+    a.engine->WakeProgressThread();
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_EQ(WaitCompletions(*b.recv_cq, 4).size(), 4u);
+  a.engine->WakeProgressThread();
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  const cpu_set_t set = AffinityOf(a.engine->progress_thread_tid());
+  EXPECT_TRUE(CPU_EQUAL(&set, &allowed_));
 }
 
 TEST_F(PlacementTest, AnyNeverTouchesTheProgressThread) {
