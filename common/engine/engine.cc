@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 #include "common/engine/engine.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <utility>
@@ -17,7 +19,8 @@ Engine::Engine(EngineConfig config)
     : config_(std::move(config)),
       memory_(config_.memory),
       spin_budget_(std::clamp(config_.progress_spin, std::chrono::microseconds::zero(),
-                              kMaxProgressSpin)) {}
+                              kMaxProgressSpin)),
+      placement_(config_.progress_affinity) {}
 
 bool Engine::Start() {
   if (poller_.Add(doorbell_.fd(), &doorbell_, /*want_read=*/true, /*want_write=*/false) != 0) {
@@ -29,6 +32,8 @@ bool Engine::Start() {
       // Start() publishes thread_id_ under this lock before the loop runs.
       std::lock_guard started(command_mutex_);
     }
+    progress_tid_.store(gettid(), std::memory_order_release);
+    placement_.Start();
     Run();
   });
   thread_id_ = thread_.get_id();
@@ -145,6 +150,7 @@ void Engine::Emit(const AsyncEvent& event) const {
 void Engine::Run() {
   std::array<transport::Poller::Event, 64> events{};
   while (!stop_.load(std::memory_order_acquire)) {
+    placement_.Apply();
     const int n = WaitForEvents(events);
     bool rung = false;
     for (int i = 0; i < n; ++i) {

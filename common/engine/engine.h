@@ -42,6 +42,8 @@
 // its QPs. Destroying the Engine destroys the remaining QPs (no completions).
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -55,6 +57,7 @@
 #include <vector>
 
 #include "common/engine/memory.h"
+#include "common/engine/placement.h"
 #include "common/engine/qp.h"
 #include "common/transport/tcp_stream.h"
 
@@ -77,6 +80,9 @@ struct EngineConfig {
   // last event before it sleeps in epoll_wait (0: never, the default; at
   // most kMaxProgressSpin). Adaptive: spins that find nothing shorten it.
   std::chrono::microseconds progress_spin{0};
+  // Whether the progress thread keeps off the CPU the application last
+  // posted or polled from (placement.h; SIWX_PROGRESS_AFFINITY).
+  ProgressAffinity progress_affinity = ProgressAffinity::kAway;
 };
 
 enum class CreateQpStatus : std::uint8_t {
@@ -105,6 +111,16 @@ class Engine {
 
   // True on the progress thread.
   bool OnProgressThread() const;
+
+  // The progress thread's kernel thread id (for sched_getaffinity; tests),
+  // and a wake-up that makes it run its loop once (it re-reads the
+  // placement hint before it sleeps again).
+  pid_t progress_thread_tid() const { return progress_tid_.load(std::memory_order_acquire); }
+  void WakeProgressThread() { doorbell_.Ring(); }
+
+  // Application threads: placement hints (placement.h).
+  void NoteApplicationCpu() { placement_.NoteApplicationCpu(); }
+  void ClearApplicationCpu() { placement_.ClearApplicationCpu(); }
 
  private:
   friend class Qp;
@@ -162,6 +178,9 @@ class Engine {
 
   // Progress thread only: the current spin budget (adaptive, <= progress_spin).
   std::chrono::nanoseconds spin_budget_{0};
+  // Notes from application threads; the rest is the progress thread's.
+  ProgressPlacement placement_;
+  std::atomic<pid_t> progress_tid_{0};
 
   std::atomic<bool> stop_{false};
   std::thread thread_;

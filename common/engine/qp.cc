@@ -411,6 +411,7 @@ PostStatus Qp::PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* p
   sink_mark_.store(rx_now, std::memory_order_relaxed);
   // Nor is a QP quiet that posts: the quiet time starts again.
   quiet_mark_.store(~std::uint64_t{0}, std::memory_order_relaxed);
+  bool alone = false;  // a ping-pong post (placement)
   if (destroyed_.load(std::memory_order_acquire)) {
     status = PostStatus::kInvalidState;
   } else {
@@ -469,9 +470,23 @@ PostStatus Qp::PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* p
       ++sq_.tail;
       ++count;
     }
+    // A ping-pong: nothing else in the SQ, and something came in since the
+    // last post (a sender streaming into an idle SQ hears nothing back).
+    const std::uint64_t fpdus_in = counters_.rx_fpdus.load(std::memory_order_relaxed);
+    alone = count > 0 && sq_.size() == count && fpdus_in != rx_fpdus_at_post_;
+    if (count > 0) rx_fpdus_at_post_ = fpdus_in;
   }
   if (posted != nullptr) *posted = count;
   if (flushed) RetireSq();
+  // A ping-pong whose answer the progress thread places (no read lease): it
+  // keeps off this CPU; a stream: no need (placement.h).
+  if (count > 0 && read_lease_until_.load(std::memory_order_relaxed) == 0) {
+    if (alone) {
+      engine_->NoteApplicationCpu();
+    } else {
+      engine_->ClearApplicationCpu();
+    }
+  }
   if (count > 0) KickTx();
   return status;
 }
@@ -1160,6 +1175,7 @@ void Qp::DriveFromPoll(const CompletionQueue& polled) {
     // The clock read before the turn serves: a lease is 1 ms, a turn microseconds.
     using Clock = std::chrono::steady_clock;
     ExtendReadLease(Clock::time_point(Clock::duration(now)));
+    engine_->ClearApplicationCpu();
   }
 }
 

@@ -594,6 +594,9 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // They live in the stats slot when there is one, so `siwx stat` reads
   // them with no extra work on the data path.
   using AtomicCounters = stats::QpCounterBlock;
+  // counters_.rx_fpdus at the last post (placement: a ping-pong post
+  // follows something received). Guarded by queue_mutex_.
+  std::uint64_t rx_fpdus_at_post_ = 0;
   AtomicCounters own_counters_;
   AtomicCounters& counters_ = stats_slot_ != nullptr ? stats_slot_->counters : own_counters_;
 };

@@ -93,6 +93,23 @@ std::chrono::microseconds ProgressSpin() {
   return spin;
 }
 
+// SIWX_PROGRESS_AFFINITY (README, Configuration), read once per process:
+// whether the progress thread keeps off the application's CPU
+// (engine/placement.h).
+engine::ProgressAffinity ProgressAffinity() {
+  static const engine::ProgressAffinity affinity = [] {
+    const char* value = std::getenv("SIWX_PROGRESS_AFFINITY");
+    if (value == nullptr || value[0] == '\0' || std::strcmp(value, "away") == 0) {
+      return engine::ProgressAffinity::kAway;
+    }
+    if (std::strcmp(value, "any") == 0) return engine::ProgressAffinity::kAny;
+    SIWX_LOG(kWarn, "SIWX_PROGRESS_AFFINITY='%s' is neither 'away' nor 'any'; using 'away'",
+             value);
+    return engine::ProgressAffinity::kAway;
+  }();
+  return affinity;
+}
+
 verbs_context* AllocContext(ibv_device* ibdev, int cmd_fd, void* private_data) noexcept;
 
 }  // namespace
@@ -180,6 +197,7 @@ verbs_context* AllocContext(ibv_device* ibdev, int cmd_fd, void* /*private_data*
       };
       config.teardown_timeout = TeardownTimeout();
       config.progress_spin = ProgressSpin();
+      config.progress_affinity = ProgressAffinity();
       errno = 0;
       state->engine = engine::Engine::Create(std::move(config));
       if (state->engine == nullptr) {

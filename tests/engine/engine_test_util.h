@@ -205,6 +205,7 @@ struct NodeOptions {
   bool sq_sig_all = false;
   ReceiveQueue* srq = nullptr;
   std::chrono::milliseconds teardown_timeout = kDefaultTeardownTimeout;  // own engine only
+  ProgressAffinity progress_affinity = ProgressAffinity::kAway;           // own engine only
   PdId pd = kNoPd;  // kNoPd: allocate one; else a PD of the shared engine
 };
 
@@ -215,6 +216,7 @@ struct Node {
       EngineConfig config;
       config.on_async_event = events.Callback();
       config.teardown_timeout = options.teardown_timeout;
+      config.progress_affinity = options.progress_affinity;
       own_engine = Engine::Create(std::move(config));
       engine = own_engine.get();
     } else {
