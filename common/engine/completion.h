@@ -179,8 +179,8 @@ class CompletionQueue {
   // itself instead of waiting for the progress thread to be scheduled).
   // Only one thread drives at a time; the others, and calls made from
   // inside a driver (callbacks), only poll.
-  // A thread whose last SetEmptyPollsBeforeYield calls here found nothing
-  // (on any CQ) calls sched_yield at the start of every further empty one,
+  // A thread whose last 256 calls (SetEmptyPollsBeforeYield) found nothing,
+  // on any CQ, calls sched_yield at the start of every further empty one
   // until one returns completions: a busy-polling application then runs only
   // when no other thread wants its CPU, such as the progress thread or the
   // thread that moves the data it waits for (docs/performance-notes.md 3.5).
