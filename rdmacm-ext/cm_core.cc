@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <utility>
 
 #include "common/util/log.h"
 #include "rdmacm-ext/cm_core_internal.h"
@@ -724,7 +725,8 @@ bool Core::IsHalfOpen(const CmId* id) {
   return id->hidden && id->listener != nullptr && id->state == IdState::kMpaStartup;
 }
 
-std::optional<TimePoint> Core::MakeRoomForHalfOpen(const net::SockAddr& peer, TimePoint now) {
+std::optional<TimePoint> Core::MakeRoomForHalfOpen(const net::SockAddr& peer, TimePoint now,
+                                                  std::size_t incoming) {
   const CmConfig& config = GetCmConfig();
   for (;;) {
     std::size_t total = 0;
@@ -749,10 +751,10 @@ std::optional<TimePoint> Core::MakeRoomForHalfOpen(const net::SockAddr& peer, Ti
     }
     std::optional<std::uint64_t> victim;
     const char* bound = nullptr;
-    if (same_source >= config.half_open_per_source) {
+    if (same_source + incoming > config.half_open_per_source) {
       victim = oldest_same_source;
       bound = "SIWX_CM_HALF_OPEN_PER_SOURCE";
-    } else if (total >= config.half_open_max) {
+    } else if (total + incoming > config.half_open_max) {
       victim = oldest;
       bound = "SIWX_CM_HALF_OPEN_MAX";
     }
@@ -788,6 +790,7 @@ std::optional<TimePoint> Core::MakeRoomForHalfOpen(const net::SockAddr& peer, Ti
 void Core::ResumeAfterHalfOpenPause(CmId* listener) {
   if (!listener->listen.half_open_pause) return;
   listener->listen.half_open_pause = false;
+  listener->listen.half_open_pause_peer.reset();
   listener->listen.accept_retry_at.reset();
   UpdateInterest(listener);
 }
@@ -798,6 +801,7 @@ void Core::BackOffAccepting(CmId* listener, int error) {
       first ? kAcceptBackoffMin : std::min(listener->listen.accept_backoff * 2, kAcceptBackoffMax);
   listener->listen.accept_retry_at = Clock::now() + listener->listen.accept_backoff;
   listener->listen.half_open_pause = false;
+  listener->listen.half_open_pause_peer.reset();
   if (first) {
     SIWX_LOG(kWarn, "CEP[%llu] cannot accept connections: %s; retrying every %lld ms at most "
                     "while it lasts (raise the descriptor limit, ulimit -n)",
@@ -857,6 +861,7 @@ void Core::AcceptPending(CmId* listener) {
     if (pause_until) {
       listener->listen.accept_retry_at = *pause_until;
       listener->listen.half_open_pause = true;
+      listener->listen.half_open_pause_peer = peer;
     }
     child->mpa.negotiator = std::make_unique<mpa::MpaNegotiator>(
         MakeNegotiatorConfig(child->options, mpa::MpaRole::kResponder, 0, 0));
@@ -897,7 +902,18 @@ void Core::OnTimers(TimePoint now) {
     CmId* id = it->second;
     if (id->listen.accept_retry_at && *id->listen.accept_retry_at <= now) {
       id->listen.accept_retry_at.reset();
-      id->listen.half_open_pause = false;
+      const bool paused = std::exchange(id->listen.half_open_pause, false);
+      const std::optional<net::SockAddr> over = std::exchange(id->listen.half_open_pause_peer, {});
+      if (paused && over) {
+        // The pause kept one over the bound: drop the oldest now that it
+        // is ripe, even if no connection comes to make room for.
+        if (const std::optional<TimePoint> later = MakeRoomForHalfOpen(*over, now, 0)) {
+          id->listen.accept_retry_at = *later;
+          id->listen.half_open_pause = true;
+          id->listen.half_open_pause_peer = over;
+          continue;
+        }
+      }
       if (id->state == IdState::kListening) AcceptPending(id);
     } else if (id->mpa.flush_deadline && *id->mpa.flush_deadline <= now) {
       id->mpa.flush_deadline.reset();

@@ -68,8 +68,9 @@
 // young half-open connections are mostly Requests still on their way. While
 // the oldest is younger, the new one is kept (the bound is exceeded by one)
 // and the listener stops accepting until a Request arrives or the oldest
-// reaches the grace age; meanwhile the kernel queue holds the rest, whose
-// Requests are then read at once.
+// reaches the grace age, when it is dropped if the bound is still exceeded
+// (with or without another connection to make room for); meanwhile the
+// kernel queue holds the rest, whose Requests are then read at once.
 // Each lives at most SIWX_MPA_TIMEOUT_MS from its accept (the negotiator's
 // deadline is not renewed by partial frames). When accept4 fails for want
 // of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM), the listener
@@ -189,6 +190,10 @@ struct CmId {
     // accept_retry_at is a pause for a young half-open connection (not a
     // descriptor shortage): a Request that arrives ends it early.
     bool half_open_pause = false;
+    // The address whose connection went over a bound and started the pause:
+    // when the pause ends, its oldest is dropped if still over (the bound
+    // held by one more meanwhile), whether or not another one comes.
+    std::optional<net::SockAddr> half_open_pause_peer;
   } listen;
   TimePoint accepted_at{};    // child of a listener: when accept4 returned it
   CmId* listener = nullptr;   // child of a listener, until rdma_accept/rdma_reject
@@ -344,10 +349,12 @@ class Core {
   // A child accepted but whose MPA Request is not complete yet.
   static bool IsHalfOpen(const CmId* id);
   // Drops the oldest half-open connection from `peer`'s address, or of all,
-  // when a new one from `peer` would exceed a bound. Returns when the
-  // listener may accept the next one: now (nullopt), or later, when the one
-  // to drop was younger than kHalfOpenGrace and was kept.
-  std::optional<TimePoint> MakeRoomForHalfOpen(const net::SockAddr& peer, TimePoint now);
+  // when a new one from `peer` would exceed a bound (`incoming` 1), or when
+  // they already exceed it (`incoming` 0: the end of a pause). Returns when
+  // the listener may accept the next one: now (nullopt), or later, when the
+  // one to drop was younger than kHalfOpenGrace and was kept.
+  std::optional<TimePoint> MakeRoomForHalfOpen(const net::SockAddr& peer, TimePoint now,
+                                               std::size_t incoming = 1);
   void ResumeAfterHalfOpenPause(CmId* listener);
   void FailFlushing(CmId* id, int error, const char* why);
   void StartInitiatorMpa(CmId* id);
