@@ -370,8 +370,22 @@ class LeakCheck : public ::testing::Test {
     ASSERT_EQ(rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&a)), 0);
     ASSERT_EQ(rdma_destroy_id(id), 0);
     rdma_destroy_event_channel(ch);
-    fds_ = CountFds();
+    // A thread the previous test's teardown set going may still be on its
+    // way out (its ExpectNoLeaks saw the count it started with); wait until
+    // the count holds for 100 ms, so it is not taken into the baseline.
     threads_ = CountThreads();
+    const auto settle_end = std::chrono::steady_clock::now() + 2000ms;
+    for (auto held_since = std::chrono::steady_clock::now();
+         std::chrono::steady_clock::now() - held_since < 100ms &&
+         std::chrono::steady_clock::now() < settle_end;) {
+      std::this_thread::sleep_for(10ms);
+      const int now = CountThreads();
+      if (now != threads_) {
+        threads_ = now;
+        held_since = std::chrono::steady_clock::now();
+      }
+    }
+    fds_ = CountFds();
   }
   // Call at the end of a test, after everything was destroyed.
   void ExpectNoLeaks() {
