@@ -38,22 +38,8 @@ constexpr long kDefaultPollWaitUs = 50;
 constexpr long kMaxPollWaitUs = 1000;
 
 std::chrono::microseconds PollWait() {
-  static const std::chrono::microseconds wait = [] {
-    const char* value = std::getenv("SIWX_POLL_WAIT_US");
-    if (value == nullptr || value[0] == '\0') {
-      return std::chrono::microseconds(kDefaultPollWaitUs);
-    }
-    char* end = nullptr;
-    errno = 0;
-    const long us = std::strtol(value, &end, 10);
-    if (errno != 0 || end == value || *end != '\0' || us < 0 || us > kMaxPollWaitUs) {
-      SIWX_LOG(kWarn, "SIWX_POLL_WAIT_US='%s' is not a number of microseconds in 0..%ld; "
-                      "using %ld",
-               value, kMaxPollWaitUs, kDefaultPollWaitUs);
-      return std::chrono::microseconds(kDefaultPollWaitUs);
-    }
-    return std::chrono::microseconds(us);
-  }();
+  static const std::chrono::microseconds wait(NumericSetting(
+      "SIWX_POLL_WAIT_US", 0, kMaxPollWaitUs, kDefaultPollWaitUs, "microseconds"));
   return wait;
 }
 

@@ -50,46 +50,40 @@ pabi::verbs_device* AllocDevice(pabi::verbs_sysfs_dev* /*sysfs_dev*/) noexcept {
 
 void UninitDevice(pabi::verbs_device* vdev) noexcept { delete reinterpret_cast<Device*>(vdev); }
 
+}  // namespace
+
+long NumericSetting(const char* name, long min, long max, long fallback, const char* unit) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || value[0] == '\0') return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const long n = std::strtol(value, &end, 10);
+  if (errno != 0 || end == value || *end != '\0' || n < min || n > max) {
+    SIWX_LOG(kWarn, "%s='%s' is not a number of %s in %ld..%ld; using %ld", name, value, unit,
+             min, max, fallback);
+    return fallback;
+  }
+  return n;
+}
+
+namespace {
+
 // SIWX_TEARDOWN_TIMEOUT_MS (README, Configuration), read once per process:
 // how long a stream that is ending may take to get its Terminate or FIN out
 // and see the peer close before it is reset (engine::EngineConfig).
 std::chrono::milliseconds TeardownTimeout() {
-  static const std::chrono::milliseconds timeout = [] {
-    constexpr long kMax = 600000;
-    const char* value = std::getenv("SIWX_TEARDOWN_TIMEOUT_MS");
-    if (value == nullptr || value[0] == '\0') return engine::kDefaultTeardownTimeout;
-    char* end = nullptr;
-    errno = 0;
-    const long ms = std::strtol(value, &end, 10);
-    if (errno != 0 || end == value || *end != '\0' || ms < 1 || ms > kMax) {
-      SIWX_LOG(kWarn, "SIWX_TEARDOWN_TIMEOUT_MS='%s' is not a number of milliseconds in "
-                      "1..%ld; using %lld",
-               value, kMax, static_cast<long long>(engine::kDefaultTeardownTimeout.count()));
-      return engine::kDefaultTeardownTimeout;
-    }
-    return std::chrono::milliseconds(ms);
-  }();
+  static const std::chrono::milliseconds timeout(
+      NumericSetting("SIWX_TEARDOWN_TIMEOUT_MS", 1, 600000,
+                     static_cast<long>(engine::kDefaultTeardownTimeout.count()), "milliseconds"));
   return timeout;
 }
 
 // SIWX_PROGRESS_SPIN_US (README, Configuration), read once per process: how
 // long the progress thread may poll before it sleeps (engine::EngineConfig).
 std::chrono::microseconds ProgressSpin() {
-  static const std::chrono::microseconds spin = [] {
-    const long max = static_cast<long>(engine::kMaxProgressSpin.count());
-    const char* value = std::getenv("SIWX_PROGRESS_SPIN_US");
-    if (value == nullptr || value[0] == '\0') return std::chrono::microseconds(0);
-    char* end = nullptr;
-    errno = 0;
-    const long us = std::strtol(value, &end, 10);
-    if (errno != 0 || end == value || *end != '\0' || us < 0 || us > max) {
-      SIWX_LOG(kWarn, "SIWX_PROGRESS_SPIN_US='%s' is not a number of microseconds in 0..%ld; "
-                      "using 0 (no spin)",
-               value, max);
-      return std::chrono::microseconds(0);
-    }
-    return std::chrono::microseconds(us);
-  }();
+  const long max = static_cast<long>(engine::kMaxProgressSpin.count());
+  static const std::chrono::microseconds spin(
+      NumericSetting("SIWX_PROGRESS_SPIN_US", 0, max, 0, "microseconds"));
   return spin;
 }
 

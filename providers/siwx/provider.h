@@ -323,4 +323,9 @@ inline void ReturnBudget(std::atomic<std::uint32_t>& count) {
   count.fetch_sub(1, std::memory_order_relaxed);
 }
 
+// A numeric SIWX_* setting (docs/settings.txt): `fallback` when `name` is
+// unset or empty; also when it is not a whole number in [min, max], with a
+// warning that names the setting, its `unit` and the value used.
+long NumericSetting(const char* name, long min, long max, long fallback, const char* unit);
+
 }  // namespace siwx::provider
