@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "common/util/log.h"
+#include "common/util/thread_name.h"
 
 namespace siwx::shim {
 namespace {
@@ -122,6 +123,7 @@ int CountMessage(nl_msg* /*msg*/, void* arg) {
 }
 
 void MonitorLoop(nl_sock* raw_sock, std::function<void()> on_change) {
+  util::NameThisThread("siwx-netdev");
   SocketPtr sock(raw_sock);
   int messages = 0;
   nl_socket_modify_cb(sock.get(), NL_CB_VALID, NL_CB_CUSTOM, CountMessage, &messages);

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "common/util/log.h"
+#include "common/util/thread_name.h"
 #include "rdmacm-ext/cm_core_internal.h"
 #include "rdmacm-ext/cm_devices.h"
 #include "rdmacm-ext/stream_handover.h"
@@ -155,7 +156,10 @@ int Core::EnsureLoop() {
     std::lock_guard lock(notify_mu_);
     notify_wake_fd_ = wake_fd;
   }
-  thread_ = std::thread([this] { Run(); });
+  thread_ = std::thread([this] {
+    util::NameThisThread("siwx-cm");
+    Run();
+  });
   return 0;
 }
 

@@ -19,6 +19,7 @@
 
 #include "common/transport/socket_ops.h"
 #include "common/util/log.h"
+#include "common/util/thread_name.h"
 
 // The receive ring and the target SGL and iomap tables are written by the
 // peer's RDMA Writes (the engine's receive thread places them) while we read
@@ -1220,6 +1221,7 @@ void Disconnect(Socket& s) {
 }
 
 void LingerLoop() {
+  util::NameThisThread("siwx-rs-linger");
   Lingerer& l = Lingering();
   std::unique_lock lock(l.mu);
   for (;;) {

@@ -7,6 +7,8 @@
 #include <array>
 #include <utility>
 
+#include "common/util/thread_name.h"
+
 namespace siwx::engine {
 
 std::unique_ptr<Engine> Engine::Create(EngineConfig config) {
@@ -32,6 +34,7 @@ bool Engine::Start() {
       // Start() publishes thread_id_ under this lock before the loop runs.
       std::lock_guard started(command_mutex_);
     }
+    util::NameThisThread("siwx-progress");
     progress_tid_.store(gettid(), std::memory_order_release);
     placement_.Start();
     Run();

@@ -36,6 +36,7 @@
 #include "common/mpa/mpa_negotiator.h"
 #include "common/transport/tcp_rendezvous.h"
 #include "common/util/log.h"
+#include "common/util/thread_name.h"
 #include "providers/siwx/mpa_stream_params.h"
 
 namespace siwx::provider {
@@ -396,6 +397,7 @@ int BindArmed(Device* device, std::uint64_t context_id, std::uint32_t qp_num,
 
 void Dial(Device* device, std::uint64_t context_id, std::uint32_t qp_num, std::uint64_t token,
           GidBytes local_gid, GidBytes remote_gid, std::uint32_t remote_qpn) {
+  util::NameThisThread("siwx-oob-dial");
   const Endpoint peer = *DecodeGid(remote_gid);
   const std::string where = EndpointText(peer);
   int fd = -1;
@@ -524,6 +526,7 @@ void ParkOrBind(Device* device, const Target& target, std::uint32_t qp_num,
 }
 
 void Serve(Device* device, int fd) {
+  util::NameThisThread("siwx-oob-serve");
   mpa::MpaNegotiator negotiator(MakeConfig(mpa::MpaRole::kResponder));
   std::optional<PrivateData> request;
   Target target;
@@ -586,6 +589,7 @@ void CheckWaits() {
 }
 
 void ListenLoop(Device* device, int listen_fd) {
+  util::NameThisThread("siwx-oob-listen");
   for (;;) {
     int fd = -1;
     const int rc = transport::AcceptTcp(listen_fd, kAcceptPollMs, &fd);

@@ -15,9 +15,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <optional>
 #include <string>
@@ -54,6 +56,25 @@ inline int CountEntries(const char* path) {
 }
 inline int CountFds() { return CountEntries("/proc/self/fd"); }
 inline int CountThreads() { return CountEntries("/proc/self/task"); }
+
+// The names of this process's threads, sorted and joined by spaces (siwx
+// names its own: siwx-progress, siwx-cm, siwx-oob-*, ...), for messages.
+inline std::string ThreadNames() {
+  std::vector<std::string> names;
+  DIR* d = opendir("/proc/self/task");
+  if (d == nullptr) return "?";
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream comm(std::string("/proc/self/task/") + e->d_name + "/comm");
+    std::string name;
+    if (std::getline(comm, name)) names.push_back(name);
+  }
+  closedir(d);
+  std::sort(names.begin(), names.end());
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : " ") + n;
+  return out;
+}
 
 inline bool WaitFor(const std::function<bool()>& done, std::chrono::milliseconds limit) {
   const auto end = std::chrono::steady_clock::now() + limit;
@@ -374,6 +395,7 @@ class LeakCheck : public ::testing::Test {
     // way out (its ExpectNoLeaks saw the count it started with); wait until
     // the count holds for 100 ms, so it is not taken into the baseline.
     threads_ = CountThreads();
+    thread_names_ = ThreadNames();
     const auto settle_end = std::chrono::steady_clock::now() + 2000ms;
     for (auto held_since = std::chrono::steady_clock::now();
          std::chrono::steady_clock::now() - held_since < 100ms &&
@@ -382,6 +404,7 @@ class LeakCheck : public ::testing::Test {
       const int now = CountThreads();
       if (now != threads_) {
         threads_ = now;
+        thread_names_ = ThreadNames();
         held_since = std::chrono::steady_clock::now();
       }
     }
@@ -392,11 +415,13 @@ class LeakCheck : public ::testing::Test {
     EXPECT_TRUE(WaitFor([&] { return CountFds() == fds_; }, 4000ms))
         << "descriptors: " << CountFds() << " now, " << fds_ << " before";
     EXPECT_TRUE(WaitFor([&] { return CountThreads() == threads_; }, 4000ms))
-        << "threads: " << CountThreads() << " now, " << threads_ << " before";
+        << "threads: " << CountThreads() << " now (" << ThreadNames() << "), " << threads_
+        << " before (" << thread_names_ << ")";
   }
 
   int fds_ = 0;
   int threads_ = 0;
+  std::string thread_names_;
 };
 
 }  // namespace siwx::cm::test

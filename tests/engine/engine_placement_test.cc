@@ -4,9 +4,12 @@
 // from while that thread leaves the QP's inbound work to it, returns to every
 // CPU once the application reads the stream itself (read lease), and with
 // kAny its affinity is never touched. Needs two allowed CPUs (else skipped).
+// And the progress thread carries a name of its own, whatever the CPUs.
 #include <gtest/gtest.h>
 #include <sched.h>
 
+#include <fstream>
+#include <string>
 #include <thread>
 
 #include "engine/engine_test_util.h"
@@ -176,6 +179,22 @@ TEST_F(PlacementTest, AnyNeverTouchesTheProgressThread) {
   EXPECT_EQ(WaitCompletions(*b.recv_cq, 4).size(), 4u);
   const cpu_set_t set = AffinityOf(a.engine->progress_thread_tid());
   EXPECT_TRUE(CPU_EQUAL(&set, &allowed_));
+}
+
+// `top -H`, `ps -L`, gdb and perf tell it from the application's threads
+// (a thread otherwise inherits the process's name).
+TEST(ProgressThread, IsNamedSiwxProgress) {
+  Node a;
+  const auto deadline = Clock::now() + kWait;
+  while (a.engine->progress_thread_tid() == 0 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const pid_t tid = a.engine->progress_thread_tid();
+  ASSERT_NE(tid, 0) << "the progress thread never started";
+  std::ifstream comm("/proc/self/task/" + std::to_string(tid) + "/comm");
+  std::string name;
+  std::getline(comm, name);
+  EXPECT_EQ(name, "siwx-progress");
 }
 
 }  // namespace
