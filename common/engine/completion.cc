@@ -239,7 +239,7 @@ void CompletionQueue::Arm(CqArm arm) {
   }
   // A callback inside a driver's turn may hold drivers_mutex_ already (on
   // this thread): it skips, and a lease it does not return ends by itself
-  // (Qp::kReadLease).
+  // (kReadLease, read_lease.h).
   if (arm == CqArm::kNone || tls_driving) return;
   std::lock_guard lock(drivers_mutex_);
   for (PollDriver* driver : drivers_) driver->OnCqArmed(*this);

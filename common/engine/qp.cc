@@ -1059,20 +1059,26 @@ void Qp::FlushReceives() {
 
 void Qp::OnTimer(std::chrono::steady_clock::time_point now) {
   if (detached_ || !attached_) return;
-  bool leased;
+  bool lease_ended = false;
+  std::optional<std::chrono::steady_clock::time_point> lease_next;
   {
     std::lock_guard lock(poll_mutex_);
-    leased = read_leased_;
-  }
-  if (leased) {
-    const std::chrono::steady_clock::time_point until(
-        std::chrono::steady_clock::duration(read_lease_until_.load(std::memory_order_relaxed)));
-    if (now >= until) {
-      EndReadLease();
-    } else {
-      engine_->ScheduleTimer(shared_from_this(), until);  // a driving poll extended it
+    if (read_leased_ && now >= lease_check_at_) {
+      const std::chrono::steady_clock::time_point until(std::chrono::steady_clock::duration(
+          read_lease_until_.load(std::memory_order_relaxed)));
+      const ReadLeaseCheck check = CheckReadLease(now, until, lease_check_interval_);
+      lease_ended = check.end;
+      if (!check.end) {
+        // A driving poll extended it: look again later, and less often the
+        // longer it lasts (read_lease.h).
+        lease_check_at_ = check.next;
+        lease_check_interval_ = check.interval;
+        lease_next = check.next;
+      }
     }
   }
+  if (lease_ended) EndReadLease();
+  if (lease_next) engine_->ScheduleTimer(shared_from_this(), *lease_next);
   if (first_fpdu_deadline_ && now >= *first_fpdu_deadline_) {
     first_fpdu_deadline_.reset();
     if (!rtr_received_.load(std::memory_order_acquire)) {
@@ -1244,6 +1250,8 @@ void Qp::ExtendReadLease(std::chrono::steady_clock::time_point now) {
     if (read_leased_ || !polled_ || read_closed_) return;
     if (ApplyPollInterest(false, want_write_) != 0) return;  // stays as it was
     read_leased_ = true;
+    lease_check_at_ = until;
+    lease_check_interval_ = kReadLease;
   }
   engine_->ScheduleTimer(shared_from_this(), until);
 }

@@ -105,6 +105,7 @@
 #include "common/engine/memory.h"
 #include "common/engine/qp_sides.h"
 #include "common/engine/qp_state.h"
+#include "common/engine/read_lease.h"
 #include "common/engine/receive_queue.h"
 #include "common/engine/rx.h"
 #include "common/engine/stream_params.h"
@@ -526,9 +527,13 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // side from its CQ polls (the read lease), so the progress thread is not
   // woken for data that thread reads anyway. Every driving poll extends the
   // lease to now + kReadLease; it ends on the progress thread when it runs
-  // out (OnTimer), when a CQ of ours is armed, and with the stream.
-  static constexpr std::chrono::milliseconds kReadLease{1};
+  // out (OnTimer, at growing intervals while it is extended: read_lease.h),
+  // when a CQ of ours is armed, and with the stream.
   bool read_leased_ = false;  // guarded by poll_mutex_
+  // The progress thread's next look at the lease and the interval before
+  // it (CheckReadLease); a timer due earlier leaves the lease alone.
+  std::chrono::steady_clock::time_point lease_check_at_{};        // guarded by poll_mutex_
+  std::chrono::steady_clock::duration lease_check_interval_{};    // guarded by poll_mutex_
   std::atomic<std::chrono::steady_clock::rep> read_lease_until_{0};
   // DriveFromPoll: no receive turn before this (kEmptyPollBackoff), and
   // how many it took. Written under rx_mutex_, read without it.
