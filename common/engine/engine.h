@@ -32,7 +32,10 @@
 // the progress thread itself, where it only submits).
 //
 // Time: the progress thread also runs QP timers (ScheduleTimer): the
-// teardown bound and the responder's wait for the first FPDU. `timer_mutex_`
+// teardown bound, the responder's wait for the first FPDU and the end of a
+// read lease (looked at less often the longer it lasts, read_lease.h: each
+// wake-up preempts a spinning application on a machine without a spare
+// core). `timer_mutex_`
 // guards the timer list; epoll_wait sleeps until the earliest one, and a
 // timer earlier than that rings the doorbell. A timer only says "look at
 // this QP at this time": the QP keeps its own deadlines and decides
