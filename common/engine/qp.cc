@@ -1064,6 +1064,7 @@ void Qp::OnTimer(std::chrono::steady_clock::time_point now) {
   {
     std::lock_guard lock(poll_mutex_);
     if (read_leased_ && now >= lease_check_at_) {
+      read_lease_looks_.fetch_add(1, std::memory_order_relaxed);
       const std::chrono::steady_clock::time_point until(std::chrono::steady_clock::duration(
           read_lease_until_.load(std::memory_order_relaxed)));
       const ReadLeaseCheck check = CheckReadLease(now, until, lease_check_interval_);

@@ -310,6 +310,11 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   std::uint64_t poll_receive_turns() const {
     return poll_receive_turns_.load(std::memory_order_relaxed);
   }
+  // How often the progress thread looked at a read lease (for tests: each
+  // look is a wake-up, CheckReadLease).
+  std::uint64_t read_lease_looks() const {
+    return read_lease_looks_.load(std::memory_order_relaxed);
+  }
 
  private:
   friend class Engine;
@@ -534,6 +539,7 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // it (CheckReadLease); a timer due earlier leaves the lease alone.
   std::chrono::steady_clock::time_point lease_check_at_{};        // guarded by poll_mutex_
   std::chrono::steady_clock::duration lease_check_interval_{};    // guarded by poll_mutex_
+  std::atomic<std::uint64_t> read_lease_looks_{0};
   std::atomic<std::chrono::steady_clock::rep> read_lease_until_{0};
   // DriveFromPoll: no receive turn before this (kEmptyPollBackoff), and
   // how many it took. Written under rx_mutex_, read without it.

@@ -595,6 +595,42 @@ TEST_F(PollProgressTest, EveryQpOfManyOnOneCqProgressesThroughPollsAlone) {
   for (std::size_t i = 1; i < qps.size(); ++i) qps[i]->Destroy();
 }
 
+// An application that polls without a pause keeps its read lease, and the
+// progress thread looks at the lease less and less often (read_lease.h): it
+// used to wake every millisecond for as long as the polling lasted, and on a
+// machine without a spare core each wake-up preempted a spinning
+// application (the 99th percentile of ib_send_lat, performance-notes 3.9).
+// Looks are at least 2, 4, 8, 8, ... ms apart, so a slow machine can only
+// make fewer of them; the bound is taken from the clock, not assumed.
+TEST_F(PollProgressTest, AHeldLeaseWakesTheProgressThreadRarely) {
+  Link(a_, b_, Transport::kTcp, {});
+  Buffer rbuf(64);
+  const std::uint32_t key = rbuf.Register(b_.memory(), b_.pd, AccessFlags::kLocalWrite);
+  for (std::uint64_t id = 0; id < 4; ++id) PostRecv(b_, id, rbuf, key);
+  const auto start = Clock::now();
+  ASSERT_EQ(a_.qp->PostSend(MakeSend(0, SendOpcode::kSend)), PostStatus::kOk);
+  ASSERT_EQ(PollProgressFor(*b_.recv_cq, 1).size(), 1u);  // b holds the lease now
+  // 60 ms of empty driving polls (below Qp::kQuietBeforePollWait, so the
+  // stream is not left to the progress thread as quiet).
+  std::array<WorkCompletion, 4> batch;
+  while (Clock::now() - start < std::chrono::milliseconds(60)) {
+    ASSERT_EQ(b_.recv_cq->PollWithProgress(batch), 0u);
+  }
+  const std::uint64_t looks = b_.qp->read_lease_looks();
+  const auto elapsed = Clock::now() - start;
+  // At the lease's first end, 2 and 4 ms later, then one per
+  // kMaxReadLeaseCheck, plus one that may be under way as we read.
+  const auto bound = 5 + static_cast<std::uint64_t>(elapsed / kMaxReadLeaseCheck);
+  EXPECT_LE(looks, bound) << "over " << std::chrono::duration<double, std::milli>(elapsed).count()
+                          << " ms of polling";
+  // The lease still ends once the polls stop: the next Send completes
+  // through the progress thread.
+  ASSERT_EQ(a_.qp->PostSend(MakeSend(1, SendOpcode::kSend)), PostStatus::kOk);
+  const auto wc = WaitCompletions(*b_.recv_cq, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].wr_id, 1u);
+}
+
 // A poll's receive turn that found the socket empty keeps the QP's polls
 // from reading for Qp::kEmptyPollBackoff: a poll that ended before that
 // deadline took no receive turn (no recvmsg). Only polls the clock shows
