@@ -1251,6 +1251,7 @@ void Qp::ExtendReadLease(std::chrono::steady_clock::time_point now) {
     if (read_leased_ || !polled_ || read_closed_) return;
     if (ApplyPollInterest(false, want_write_) != 0) return;  // stays as it was
     read_leased_ = true;
+    read_leases_taken_.fetch_add(1, std::memory_order_relaxed);
     lease_check_at_ = until;
     lease_check_interval_ = kReadLease;
   }

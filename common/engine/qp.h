@@ -311,9 +311,12 @@ class Qp final : public std::enable_shared_from_this<Qp>,
     return poll_receive_turns_.load(std::memory_order_relaxed);
   }
   // How often the progress thread looked at a read lease (for tests: each
-  // look is a wake-up, CheckReadLease).
+  // look is a wake-up, CheckReadLease), and how many leases were taken.
   std::uint64_t read_lease_looks() const {
     return read_lease_looks_.load(std::memory_order_relaxed);
+  }
+  std::uint64_t read_leases_taken() const {
+    return read_leases_taken_.load(std::memory_order_relaxed);
   }
 
  private:
@@ -540,6 +543,7 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   std::chrono::steady_clock::time_point lease_check_at_{};        // guarded by poll_mutex_
   std::chrono::steady_clock::duration lease_check_interval_{};    // guarded by poll_mutex_
   std::atomic<std::uint64_t> read_lease_looks_{0};
+  std::atomic<std::uint64_t> read_leases_taken_{0};
   std::atomic<std::chrono::steady_clock::rep> read_lease_until_{0};
   // DriveFromPoll: no receive turn before this (kEmptyPollBackoff), and
   // how many it took. Written under rx_mutex_, read without it.
