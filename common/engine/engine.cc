@@ -22,6 +22,8 @@ Engine::Engine(EngineConfig config)
       memory_(config_.memory),
       spin_budget_(std::clamp(config_.progress_spin, std::chrono::microseconds::zero(),
                               kMaxProgressSpin)),
+      responder_spin_(std::clamp(config_.responder_spin, std::chrono::microseconds::zero(),
+                                 std::chrono::microseconds(std::chrono::seconds(10)))),
       placement_(config_.progress_affinity) {}
 
 bool Engine::Start() {
@@ -169,6 +171,9 @@ void Engine::Run() {
     if (rung) doorbell_.Drain();
     RunCommands();
     RunTimers();
+    if (responder_spin_.OnWakeupHandled(woke_soon_)) {
+      responder_spin_arms_.fetch_add(1, std::memory_order_relaxed);
+    }
   }
 }
 
@@ -176,9 +181,11 @@ int Engine::WaitForEvents(std::span<transport::Poller::Event> events) {
   const int timeout_ms = TimerWaitMs();
   const std::chrono::nanoseconds spin_max =
       std::clamp(config_.progress_spin, std::chrono::microseconds::zero(), kMaxProgressSpin);
-  if (spin_max <= std::chrono::nanoseconds::zero() || timeout_ms == 0) {
-    return poller_.Wait(events, timeout_ms);
+  if (spin_max <= std::chrono::nanoseconds::zero()) {
+    return WaitAfterResponderSpin(events, timeout_ms);
   }
+  woke_soon_ = false;
+  if (timeout_ms == 0) return poller_.Wait(events, timeout_ms);
   // Polls without blocking for up to spin_budget_, then sleeps. The budget
   // halves after a spin that found nothing and returns to the maximum when
   // the sleep that followed ended within the maximum (a longer spin would
@@ -196,6 +203,32 @@ int Engine::WaitForEvents(std::span<transport::Poller::Event> events) {
   const Clock::time_point sleep_start = Clock::now();
   const int n = poller_.Wait(events, timeout_ms);
   if (n > 0 && Clock::now() - sleep_start <= spin_max) spin_budget_ = spin_max;
+  return n;
+}
+
+int Engine::WaitAfterResponderSpin(std::span<transport::Poller::Event> events,
+                                   int timeout_ms) {
+  using Clock = std::chrono::steady_clock;
+  woke_soon_ = false;
+  if (responder_spin_.max() <= std::chrono::nanoseconds::zero()) {
+    return poller_.Wait(events, timeout_ms);
+  }
+  if (responder_spin_.budget() > std::chrono::nanoseconds::zero() && timeout_ms != 0) {
+    const Clock::time_point spin_start = Clock::now();
+    while (Clock::now() - spin_start < responder_spin_.budget()) {
+      const int n = poller_.Wait(events, 0);
+      if (n > 0) {
+        woke_soon_ = true;
+        responder_spin_catches_.fetch_add(1, std::memory_order_relaxed);
+        return n;
+      }
+      if (stop_.load(std::memory_order_relaxed)) return 0;
+    }
+    responder_spin_.OnSpinFoundNothing();
+  }
+  const Clock::time_point sleep_start = Clock::now();
+  const int n = poller_.Wait(events, timeout_ms);
+  woke_soon_ = n > 0 && responder_spin_.SleptBriefly(Clock::now() - sleep_start);
   return n;
 }
 
