@@ -4,8 +4,10 @@
 // progress thread.
 //
 // The progress thread blocks in epoll_wait on every bound QP's socket and on
-// a Doorbell (eventfd); by default it never busy-polls (docs/performance-
-// notes.md 3: spinning engine threads destroy latency on a 2-vCPU host);
+// a Doorbell (eventfd); it busy-polls only while it answers a small-Read
+// ping-pong itself (EngineConfig::responder_spin, responder_spin.h, 3.8):
+// spinning engine threads destroy latency on a 2-vCPU host where the
+// applications spin already (docs/performance-notes.md 3);
 // EngineConfig::progress_spin opts into a short adaptive spin (3.3). It is
 // the fallback for the QPs' own work, which application threads do when
 // they can (qp.h, Threading): it does the receive processing when a socket
