@@ -166,10 +166,11 @@ class Engine {
   int WaitForEvents(std::span<transport::Poller::Event> events);
   // WaitForEvents without progress_spin: the responder spin, then a sleep.
   int WaitAfterResponderSpin(std::span<transport::Poller::Event> events, int timeout_ms);
-  // Qp, any thread: a Read Request of `size` octets was queued; arms the
-  // responder spin when that thread is the progress thread.
-  void NoteReadRequestQueued(std::uint32_t size) {
-    if (OnProgressThread()) responder_spin_.OnReadRequest(size);
+  // Qp, any thread: a Read Request of `size` octets was queued, the QP now
+  // owing `outstanding` Responses; tells the responder spin when that
+  // thread is the progress thread.
+  void NoteReadRequestQueued(std::uint32_t size, std::uint32_t outstanding) {
+    if (OnProgressThread()) responder_spin_.OnReadRequest(size, outstanding);
   }
   std::chrono::milliseconds teardown_timeout() const { return config_.teardown_timeout; }
   // Submits and waits until it ran, unless on the progress thread or the

@@ -25,7 +25,7 @@ TEST(ResponderSpinPolicy, StartsWithoutSpinning) {
 
 TEST(ResponderSpinPolicy, SmallReadSoonAfterTheWaitArmsTheFullSpin) {
   ResponderSpin spin(microseconds(50));
-  spin.OnReadRequest(8);
+  spin.OnReadRequest(8, 1);
   EXPECT_TRUE(spin.OnWakeupHandled(/*soon=*/true));
   EXPECT_EQ(spin.budget(), microseconds(50));
 }
@@ -43,22 +43,45 @@ TEST(ResponderSpinPolicy, ReadAfterALongSleepDoesNotArm) {
   ResponderSpin spin(microseconds(50));
   EXPECT_FALSE(spin.SleptBriefly(microseconds(51)));
   EXPECT_TRUE(spin.SleptBriefly(microseconds(50)));
-  spin.OnReadRequest(8);
+  spin.OnReadRequest(8, 1);
   EXPECT_FALSE(spin.OnWakeupHandled(spin.SleptBriefly(microseconds(400))));
   EXPECT_EQ(spin.budget(), nanoseconds::zero());
 }
 
 TEST(ResponderSpinPolicy, BulkReadsDoNotArm) {
   ResponderSpin spin(microseconds(50));
-  spin.OnReadRequest(ResponderSpin::kSmallRead + 1);
+  spin.OnReadRequest(ResponderSpin::kSmallRead + 1, 1);
   EXPECT_FALSE(spin.OnWakeupHandled(/*soon=*/true));
-  spin.OnReadRequest(ResponderSpin::kSmallRead);
+  spin.OnReadRequest(ResponderSpin::kSmallRead, 1);
   EXPECT_TRUE(spin.OnWakeupHandled(/*soon=*/true));
+}
+
+TEST(ResponderSpinPolicy, ReadsWhileResponsesAreOwedStopTheSpin) {
+  // ib_read_bw's shape: Requests arrive while earlier ones are unanswered.
+  ResponderSpin spin(microseconds(50));
+  spin.OnReadRequest(8, 1);
+  ASSERT_TRUE(spin.OnWakeupHandled(/*soon=*/true));
+  spin.OnReadRequest(8, 1);
+  spin.OnReadRequest(8, 2);
+  EXPECT_FALSE(spin.OnWakeupHandled(/*soon=*/true));
+  EXPECT_EQ(spin.budget(), nanoseconds::zero());
+  // A lone Request again (the stream ended): a ping-pong once more.
+  spin.OnReadRequest(8, 1);
+  EXPECT_TRUE(spin.OnWakeupHandled(/*soon=*/true));
+}
+
+TEST(ResponderSpinPolicy, ABulkReadStopsTheSpin) {
+  ResponderSpin spin(microseconds(50));
+  spin.OnReadRequest(8, 1);
+  ASSERT_TRUE(spin.OnWakeupHandled(/*soon=*/true));
+  spin.OnReadRequest(64 * 1024, 1);
+  EXPECT_FALSE(spin.OnWakeupHandled(/*soon=*/true));
+  EXPECT_EQ(spin.budget(), nanoseconds::zero());
 }
 
 TEST(ResponderSpinPolicy, AReadCountsForItsOwnWakeupOnly) {
   ResponderSpin spin(microseconds(50));
-  spin.OnReadRequest(8);
+  spin.OnReadRequest(8, 1);
   EXPECT_FALSE(spin.OnWakeupHandled(/*soon=*/false));
   EXPECT_FALSE(spin.OnWakeupHandled(/*soon=*/true));  // no Read in this one
   EXPECT_EQ(spin.budget(), nanoseconds::zero());
@@ -67,7 +90,7 @@ TEST(ResponderSpinPolicy, AReadCountsForItsOwnWakeupOnly) {
 TEST(ResponderSpinPolicy, EmptySpinsHalveUntilNone) {
   // Self-limiting: after the Reads stop, 50 + 25 + ... < 100 us of spinning.
   ResponderSpin spin(microseconds(50));
-  spin.OnReadRequest(8);
+  spin.OnReadRequest(8, 1);
   ASSERT_TRUE(spin.OnWakeupHandled(true));
   nanoseconds total{0};
   int spins = 0;
@@ -83,7 +106,7 @@ TEST(ResponderSpinPolicy, EmptySpinsHalveUntilNone) {
 
 TEST(ResponderSpinPolicy, ZeroMaximumNeverSpins) {
   ResponderSpin spin(nanoseconds::zero());
-  spin.OnReadRequest(8);
+  spin.OnReadRequest(8, 1);
   EXPECT_FALSE(spin.OnWakeupHandled(true));
   EXPECT_EQ(spin.budget(), nanoseconds::zero());
 }
