@@ -171,7 +171,7 @@ void Engine::Run() {
     if (rung) doorbell_.Drain();
     RunCommands();
     RunTimers();
-    if (responder_spin_.OnWakeupHandled(woke_soon_)) {
+    if (responder_spin_.OnWakeupHandled(wake_)) {
       responder_spin_arms_.fetch_add(1, std::memory_order_relaxed);
     }
   }
@@ -184,7 +184,7 @@ int Engine::WaitForEvents(std::span<transport::Poller::Event> events) {
   if (spin_max <= std::chrono::nanoseconds::zero()) {
     return WaitAfterResponderSpin(events, timeout_ms);
   }
-  woke_soon_ = false;
+  wake_ = ResponderSpin::Wake::kLate;
   if (timeout_ms == 0) return poller_.Wait(events, timeout_ms);
   // Polls without blocking for up to spin_budget_, then sleeps. The budget
   // halves after a spin that found nothing and returns to the maximum when
@@ -209,26 +209,29 @@ int Engine::WaitForEvents(std::span<transport::Poller::Event> events) {
 int Engine::WaitAfterResponderSpin(std::span<transport::Poller::Event> events,
                                    int timeout_ms) {
   using Clock = std::chrono::steady_clock;
-  woke_soon_ = false;
+  using Wake = ResponderSpin::Wake;
+  wake_ = Wake::kLate;
   if (responder_spin_.max() <= std::chrono::nanoseconds::zero()) {
     return poller_.Wait(events, timeout_ms);
   }
   if (responder_spin_.budget() > std::chrono::nanoseconds::zero() && timeout_ms != 0) {
     const Clock::time_point spin_start = Clock::now();
+    Wake found = Wake::kAtOnce;
     while (Clock::now() - spin_start < responder_spin_.budget()) {
       const int n = poller_.Wait(events, 0);
       if (n > 0) {
-        woke_soon_ = true;
+        wake_ = found;
         responder_spin_catches_.fetch_add(1, std::memory_order_relaxed);
         return n;
       }
       if (stop_.load(std::memory_order_relaxed)) return 0;
+      found = Wake::kSoon;
     }
     responder_spin_.OnSpinFoundNothing();
   }
   const Clock::time_point sleep_start = Clock::now();
   const int n = poller_.Wait(events, timeout_ms);
-  woke_soon_ = n > 0 && responder_spin_.SleptBriefly(Clock::now() - sleep_start);
+  if (n > 0 && responder_spin_.SleptBriefly(Clock::now() - sleep_start)) wake_ = Wake::kSoon;
   return n;
 }
 

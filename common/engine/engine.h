@@ -206,7 +206,7 @@ class Engine {
   // and whether the events of the current wake-up came soon after its wait
   // began (found by that spin, or after a brief sleep).
   ResponderSpin responder_spin_;
-  bool woke_soon_ = false;
+  ResponderSpin::Wake wake_ = ResponderSpin::Wake::kLate;
   std::atomic<std::uint64_t> responder_spin_arms_{0};
   std::atomic<std::uint64_t> responder_spin_catches_{0};
   // Notes from application threads; the rest is the progress thread's.

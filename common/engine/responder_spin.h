@@ -61,12 +61,21 @@ class ResponderSpin {
     budget_ /= 2;
     if (budget_ < std::chrono::microseconds(1)) budget_ = {};
   }
-  // The events of one wake-up were handled. `soon`: they were found by the
-  // spin, or by a sleep that lasted at most max(). Returns true if the spin
-  // was (re)armed to its full length.
-  bool OnWakeupHandled(bool soon) {
-    const bool arm =
-        small_read_ && !stream_ && soon && max_ > std::chrono::nanoseconds::zero();
+  // How the events of a wake-up were found.
+  enum class Wake : unsigned char {
+    kLate,    // after a sleep longer than max()
+    kSoon,    // by the spin after an empty poll, or after a sleep <= max()
+    kAtOnce,  // by the spin's first poll: they were there when it began
+  };
+  // The events of one wake-up were handled. A Read Request that was already
+  // waiting when the spin began came without waiting for the previous
+  // Response: a stream, which stops the spin; a ping-pong's next Request
+  // needs the Response to reach the requester first. Returns true if the
+  // spin was (re)armed to its full length.
+  bool OnWakeupHandled(Wake wake) {
+    if (small_read_ && wake == Wake::kAtOnce) stream_ = true;
+    const bool arm = small_read_ && !stream_ && wake == Wake::kSoon &&
+                     max_ > std::chrono::nanoseconds::zero();
     if (stream_) budget_ = {};
     small_read_ = false;
     stream_ = false;

@@ -17,6 +17,7 @@ namespace {
 
 using std::chrono::microseconds;
 using std::chrono::nanoseconds;
+using Wake = ResponderSpin::Wake;
 
 TEST(ResponderSpinPolicy, StartsWithoutSpinning) {
   const ResponderSpin spin(microseconds(50));
@@ -26,7 +27,7 @@ TEST(ResponderSpinPolicy, StartsWithoutSpinning) {
 TEST(ResponderSpinPolicy, SmallReadSoonAfterTheWaitArmsTheFullSpin) {
   ResponderSpin spin(microseconds(50));
   spin.OnReadRequest(8, 1);
-  EXPECT_TRUE(spin.OnWakeupHandled(/*soon=*/true));
+  EXPECT_TRUE(spin.OnWakeupHandled(Wake::kSoon));
   EXPECT_EQ(spin.budget(), microseconds(50));
 }
 
@@ -34,7 +35,7 @@ TEST(ResponderSpinPolicy, WakeupsWithoutReadRequestsNeverArm) {
   // ib_write_lat's and ib_send_lat's progress threads: inbound Writes and
   // Sends come in quick succession, yet no spin.
   ResponderSpin spin(microseconds(50));
-  for (int i = 0; i < 100; ++i) EXPECT_FALSE(spin.OnWakeupHandled(/*soon=*/true));
+  for (int i = 0; i < 100; ++i) EXPECT_FALSE(spin.OnWakeupHandled(Wake::kSoon));
   EXPECT_EQ(spin.budget(), nanoseconds::zero());
 }
 
@@ -44,46 +45,63 @@ TEST(ResponderSpinPolicy, ReadAfterALongSleepDoesNotArm) {
   EXPECT_FALSE(spin.SleptBriefly(microseconds(51)));
   EXPECT_TRUE(spin.SleptBriefly(microseconds(50)));
   spin.OnReadRequest(8, 1);
-  EXPECT_FALSE(spin.OnWakeupHandled(spin.SleptBriefly(microseconds(400))));
+  const bool soon = spin.SleptBriefly(microseconds(400));
+  EXPECT_FALSE(spin.OnWakeupHandled(soon ? Wake::kSoon : Wake::kLate));
   EXPECT_EQ(spin.budget(), nanoseconds::zero());
 }
 
 TEST(ResponderSpinPolicy, BulkReadsDoNotArm) {
   ResponderSpin spin(microseconds(50));
   spin.OnReadRequest(ResponderSpin::kSmallRead + 1, 1);
-  EXPECT_FALSE(spin.OnWakeupHandled(/*soon=*/true));
+  EXPECT_FALSE(spin.OnWakeupHandled(Wake::kSoon));
   spin.OnReadRequest(ResponderSpin::kSmallRead, 1);
-  EXPECT_TRUE(spin.OnWakeupHandled(/*soon=*/true));
+  EXPECT_TRUE(spin.OnWakeupHandled(Wake::kSoon));
 }
 
 TEST(ResponderSpinPolicy, ReadsWhileResponsesAreOwedStopTheSpin) {
   // ib_read_bw's shape: Requests arrive while earlier ones are unanswered.
   ResponderSpin spin(microseconds(50));
   spin.OnReadRequest(8, 1);
-  ASSERT_TRUE(spin.OnWakeupHandled(/*soon=*/true));
+  ASSERT_TRUE(spin.OnWakeupHandled(Wake::kSoon));
   spin.OnReadRequest(8, 1);
   spin.OnReadRequest(8, 2);
-  EXPECT_FALSE(spin.OnWakeupHandled(/*soon=*/true));
+  EXPECT_FALSE(spin.OnWakeupHandled(Wake::kSoon));
   EXPECT_EQ(spin.budget(), nanoseconds::zero());
   // A lone Request again (the stream ended): a ping-pong once more.
   spin.OnReadRequest(8, 1);
-  EXPECT_TRUE(spin.OnWakeupHandled(/*soon=*/true));
+  EXPECT_TRUE(spin.OnWakeupHandled(Wake::kSoon));
+}
+
+TEST(ResponderSpinPolicy, ARequestWaitingWhenTheSpinBeganStopsIt) {
+  // A requester that did not wait for the previous Response (a stream of
+  // small Reads, one Request per receive): the spin's first poll finds it.
+  ResponderSpin spin(microseconds(50));
+  spin.OnReadRequest(8, 1);
+  ASSERT_TRUE(spin.OnWakeupHandled(Wake::kSoon));
+  spin.OnReadRequest(8, 1);
+  EXPECT_FALSE(spin.OnWakeupHandled(Wake::kAtOnce));
+  EXPECT_EQ(spin.budget(), nanoseconds::zero());
+  // Other events found at once (no Read among them) change nothing.
+  spin.OnReadRequest(8, 1);
+  ASSERT_TRUE(spin.OnWakeupHandled(Wake::kSoon));
+  EXPECT_FALSE(spin.OnWakeupHandled(Wake::kAtOnce));
+  EXPECT_EQ(spin.budget(), microseconds(50));
 }
 
 TEST(ResponderSpinPolicy, ABulkReadStopsTheSpin) {
   ResponderSpin spin(microseconds(50));
   spin.OnReadRequest(8, 1);
-  ASSERT_TRUE(spin.OnWakeupHandled(/*soon=*/true));
+  ASSERT_TRUE(spin.OnWakeupHandled(Wake::kSoon));
   spin.OnReadRequest(64 * 1024, 1);
-  EXPECT_FALSE(spin.OnWakeupHandled(/*soon=*/true));
+  EXPECT_FALSE(spin.OnWakeupHandled(Wake::kSoon));
   EXPECT_EQ(spin.budget(), nanoseconds::zero());
 }
 
 TEST(ResponderSpinPolicy, AReadCountsForItsOwnWakeupOnly) {
   ResponderSpin spin(microseconds(50));
   spin.OnReadRequest(8, 1);
-  EXPECT_FALSE(spin.OnWakeupHandled(/*soon=*/false));
-  EXPECT_FALSE(spin.OnWakeupHandled(/*soon=*/true));  // no Read in this one
+  EXPECT_FALSE(spin.OnWakeupHandled(Wake::kLate));
+  EXPECT_FALSE(spin.OnWakeupHandled(Wake::kSoon));  // no Read in this one
   EXPECT_EQ(spin.budget(), nanoseconds::zero());
 }
 
@@ -91,7 +109,7 @@ TEST(ResponderSpinPolicy, EmptySpinsHalveUntilNone) {
   // Self-limiting: after the Reads stop, 50 + 25 + ... < 100 us of spinning.
   ResponderSpin spin(microseconds(50));
   spin.OnReadRequest(8, 1);
-  ASSERT_TRUE(spin.OnWakeupHandled(true));
+  ASSERT_TRUE(spin.OnWakeupHandled(Wake::kSoon));
   nanoseconds total{0};
   int spins = 0;
   while (spin.budget() > nanoseconds::zero()) {
@@ -107,7 +125,7 @@ TEST(ResponderSpinPolicy, EmptySpinsHalveUntilNone) {
 TEST(ResponderSpinPolicy, ZeroMaximumNeverSpins) {
   ResponderSpin spin(nanoseconds::zero());
   spin.OnReadRequest(8, 1);
-  EXPECT_FALSE(spin.OnWakeupHandled(true));
+  EXPECT_FALSE(spin.OnWakeupHandled(Wake::kSoon));
   EXPECT_EQ(spin.budget(), nanoseconds::zero());
 }
 
