@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 #include "common/engine/engine.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -226,6 +227,10 @@ int Engine::WaitAfterResponderSpin(std::span<transport::Poller::Event> events,
       }
       if (stop_.load(std::memory_order_relaxed)) return 0;
       found = Wake::kSoon;
+      // A spinner sharing its CPU with the requester (other threads took
+      // the other one) would hold back the very Request it waits for:
+      // 60-100 us per Read under load (docs/performance-notes.md 3.8).
+      sched_yield();
     }
     responder_spin_.OnSpinFoundNothing();
   }
