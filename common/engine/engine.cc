@@ -218,7 +218,8 @@ int Engine::WaitAfterResponderSpin(std::span<transport::Poller::Event> events,
   if (responder_spin_.budget() > std::chrono::nanoseconds::zero() && timeout_ms != 0) {
     const Clock::time_point spin_start = Clock::now();
     Wake found = Wake::kAtOnce;
-    while (Clock::now() - spin_start < responder_spin_.budget()) {
+    for (Clock::duration spun{}; spun < responder_spin_.budget();
+         spun = Clock::now() - spin_start) {
       const int n = poller_.Wait(events, 0);
       if (n > 0) {
         wake_ = found;
@@ -228,9 +229,12 @@ int Engine::WaitAfterResponderSpin(std::span<transport::Poller::Event> events,
       if (stop_.load(std::memory_order_relaxed)) return 0;
       found = Wake::kSoon;
       // A spinner sharing its CPU with the requester (other threads took
-      // the other one) would hold back the very Request it waits for:
-      // 60-100 us per Read under load (docs/performance-notes.md 3.8).
-      sched_yield();
+      // the other one) would hold back the very Request it waits for (60-100
+      // us per Read under load); yielding at once handed the CPU to any
+      // other thread for its slice (a worse p99). So it yields only once
+      // the Request is later than a round trip on another CPU would make it
+      // (docs/performance-notes.md 3.8).
+      if (spun >= ResponderSpin::kYieldAfter) sched_yield();
     }
     responder_spin_.OnSpinFoundNothing();
   }

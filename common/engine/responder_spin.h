@@ -37,6 +37,8 @@ namespace siwx::engine {
 class ResponderSpin {
  public:
   static constexpr std::chrono::microseconds kDefaultMax{50};
+  // How long the spin polls before it also yields between polls.
+  static constexpr std::chrono::microseconds kYieldAfter{15};
   // Largest Read (octets) whose request arms the spin.
   static constexpr std::uint32_t kSmallRead = 4096;
 
