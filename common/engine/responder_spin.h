@@ -21,9 +21,12 @@
 // spin die out after a few halvings (about 2 x max of CPU in all).
 // Streams of Reads never arm it, and a wake-up that sees one stops it: a
 // Read above kSmallRead, or a Request queued while its QP still owes an
-// earlier Response (ib_read_bw keeps many outstanding). Their responder is
-// busy anyway, and a spinning one took CPU from the requester: 64-octet
-// ib_read_bw lost 10-30% with an earlier rule that armed on any small Read.
+// earlier Response (ib_read_bw keeps many outstanding), or a small Request
+// found by the spin's first poll (Wake::kAtOnce: it did not wait for the
+// previous Response). Their responder is busy anyway, and a spinning one
+// took CPU from the requester: 64-octet ib_read_bw lost 10-30% with an
+// earlier rule that armed on any small Read. After kYieldAfter of empty
+// polling the spin yields between polls (Engine::WaitAfterResponderSpin).
 //
 // Pure policy: no clock, no threads; the progress thread owns it
 // (Engine::WaitForEvents).
