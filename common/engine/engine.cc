@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 #include "common/engine/engine.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,6 +23,8 @@ Engine::Engine(EngineConfig config)
       memory_(config_.memory),
       spin_budget_(std::clamp(config_.progress_spin, std::chrono::microseconds::zero(),
                               kMaxProgressSpin)),
+      responder_spin_(std::clamp(config_.responder_spin, std::chrono::microseconds::zero(),
+                                 std::chrono::microseconds(std::chrono::seconds(10)))),
       placement_(config_.progress_affinity) {}
 
 bool Engine::Start() {
@@ -169,6 +172,9 @@ void Engine::Run() {
     if (rung) doorbell_.Drain();
     RunCommands();
     RunTimers();
+    if (responder_spin_.OnWakeupHandled(wake_)) {
+      responder_spin_arms_.fetch_add(1, std::memory_order_relaxed);
+    }
   }
 }
 
@@ -176,9 +182,11 @@ int Engine::WaitForEvents(std::span<transport::Poller::Event> events) {
   const int timeout_ms = TimerWaitMs();
   const std::chrono::nanoseconds spin_max =
       std::clamp(config_.progress_spin, std::chrono::microseconds::zero(), kMaxProgressSpin);
-  if (spin_max <= std::chrono::nanoseconds::zero() || timeout_ms == 0) {
-    return poller_.Wait(events, timeout_ms);
+  if (spin_max <= std::chrono::nanoseconds::zero()) {
+    return WaitAfterResponderSpin(events, timeout_ms);
   }
+  wake_ = ResponderSpin::Wake::kLate;
+  if (timeout_ms == 0) return poller_.Wait(events, timeout_ms);
   // Polls without blocking for up to spin_budget_, then sleeps. The budget
   // halves after a spin that found nothing and returns to the maximum when
   // the sleep that followed ended within the maximum (a longer spin would
@@ -196,6 +204,43 @@ int Engine::WaitForEvents(std::span<transport::Poller::Event> events) {
   const Clock::time_point sleep_start = Clock::now();
   const int n = poller_.Wait(events, timeout_ms);
   if (n > 0 && Clock::now() - sleep_start <= spin_max) spin_budget_ = spin_max;
+  return n;
+}
+
+int Engine::WaitAfterResponderSpin(std::span<transport::Poller::Event> events,
+                                   int timeout_ms) {
+  using Clock = std::chrono::steady_clock;
+  using Wake = ResponderSpin::Wake;
+  wake_ = Wake::kLate;
+  if (responder_spin_.max() <= std::chrono::nanoseconds::zero()) {
+    return poller_.Wait(events, timeout_ms);
+  }
+  if (responder_spin_.budget() > std::chrono::nanoseconds::zero() && timeout_ms != 0) {
+    const Clock::time_point spin_start = Clock::now();
+    Wake found = Wake::kAtOnce;
+    for (Clock::duration spun{}; spun < responder_spin_.budget();
+         spun = Clock::now() - spin_start) {
+      const int n = poller_.Wait(events, 0);
+      if (n > 0) {
+        wake_ = found;
+        responder_spin_catches_.fetch_add(1, std::memory_order_relaxed);
+        return n;
+      }
+      if (stop_.load(std::memory_order_relaxed)) return 0;
+      found = Wake::kSoon;
+      // A spinner sharing its CPU with the requester (other threads took
+      // the other one) would hold back the very Request it waits for (60-100
+      // us per Read under load); yielding at once handed the CPU to any
+      // other thread for its slice (a worse p99). So it yields only once
+      // the Request is later than a round trip on another CPU would make it
+      // (docs/performance-notes.md 3.8).
+      if (spun >= ResponderSpin::kYieldAfter) sched_yield();
+    }
+    responder_spin_.OnSpinFoundNothing();
+  }
+  const Clock::time_point sleep_start = Clock::now();
+  const int n = poller_.Wait(events, timeout_ms);
+  if (n > 0 && responder_spin_.SleptBriefly(Clock::now() - sleep_start)) wake_ = Wake::kSoon;
   return n;
 }
 

@@ -4,8 +4,10 @@
 // progress thread.
 //
 // The progress thread blocks in epoll_wait on every bound QP's socket and on
-// a Doorbell (eventfd); by default it never busy-polls (docs/performance-
-// notes.md 3: spinning engine threads destroy latency on a 2-vCPU host);
+// a Doorbell (eventfd); it busy-polls only while it answers a small-Read
+// ping-pong itself (EngineConfig::responder_spin, responder_spin.h, 3.8):
+// spinning engine threads destroy latency on a 2-vCPU host where the
+// applications spin already (docs/performance-notes.md 3);
 // EngineConfig::progress_spin opts into a short adaptive spin (3.3). It is
 // the fallback for the QPs' own work, which application threads do when
 // they can (qp.h, Threading): it does the receive processing when a socket
@@ -62,6 +64,7 @@
 #include "common/engine/memory.h"
 #include "common/engine/placement.h"
 #include "common/engine/qp.h"
+#include "common/engine/responder_spin.h"
 #include "common/transport/tcp_stream.h"
 
 namespace siwx::engine {
@@ -86,6 +89,10 @@ struct EngineConfig {
   // Whether the progress thread keeps off the CPU the application last
   // posted or polled from (placement.h; SIWX_PROGRESS_AFFINITY).
   ProgressAffinity progress_affinity = ProgressAffinity::kAway;
+  // Without progress_spin: how long the progress thread polls before it
+  // sleeps while it answers a Read ping-pong itself (responder_spin.h; 0:
+  // never). Not a setting; tests lengthen it.
+  std::chrono::microseconds responder_spin = ResponderSpin::kDefaultMax;
 };
 
 enum class CreateQpStatus : std::uint8_t {
@@ -125,6 +132,15 @@ class Engine {
   void NoteApplicationCpu() { placement_.NoteApplicationCpu(); }
   void ClearApplicationCpu() { placement_.ClearApplicationCpu(); }
 
+  // How often the responder spin (responder_spin.h) was armed, and how many
+  // waits of the progress thread its spins ended without sleeping (tests).
+  std::uint64_t responder_spin_arms() const {
+    return responder_spin_arms_.load(std::memory_order_relaxed);
+  }
+  std::uint64_t responder_spin_catches() const {
+    return responder_spin_catches_.load(std::memory_order_relaxed);
+  }
+
  private:
   friend class Qp;
 
@@ -151,6 +167,14 @@ class Engine {
   // Waits for poller events: epoll_wait, after the adaptive spin if
   // config_.progress_spin asks for one.
   int WaitForEvents(std::span<transport::Poller::Event> events);
+  // WaitForEvents without progress_spin: the responder spin, then a sleep.
+  int WaitAfterResponderSpin(std::span<transport::Poller::Event> events, int timeout_ms);
+  // Qp, any thread: a Read Request of `size` octets was queued, the QP now
+  // owing `outstanding` Responses; tells the responder spin when that
+  // thread is the progress thread.
+  void NoteReadRequestQueued(std::uint32_t size, std::uint32_t outstanding) {
+    if (OnProgressThread()) responder_spin_.OnReadRequest(size, outstanding);
+  }
   std::chrono::milliseconds teardown_timeout() const { return config_.teardown_timeout; }
   // Submits and waits until it ran, unless on the progress thread or the
   // engine is stopping (then it only submits).
@@ -181,6 +205,13 @@ class Engine {
 
   // Progress thread only: the current spin budget (adaptive, <= progress_spin).
   std::chrono::nanoseconds spin_budget_{0};
+  // Progress thread only: the spin while it answers Reads (responder_spin.h),
+  // and whether the events of the current wake-up came soon after its wait
+  // began (found by that spin, or after a brief sleep).
+  ResponderSpin responder_spin_;
+  ResponderSpin::Wake wake_ = ResponderSpin::Wake::kLate;
+  std::atomic<std::uint64_t> responder_spin_arms_{0};
+  std::atomic<std::uint64_t> responder_spin_catches_{0};
   // Notes from application threads; the rest is the progress thread's.
   ProgressPlacement placement_;
   std::atomic<pid_t> progress_tid_{0};

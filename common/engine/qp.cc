@@ -221,9 +221,15 @@ std::uint32_t Qp::ReadRequestsOutstanding() {
 }
 
 void Qp::QueueReadRequest(const IrqEntry& request) {
-  std::lock_guard lock(queue_mutex_);
-  irq_->Push(request);
-  ++irq_outstanding_;
+  std::uint32_t outstanding;
+  {
+    std::lock_guard lock(queue_mutex_);
+    irq_->Push(request);
+    outstanding = ++irq_outstanding_;
+  }
+  // Queued on the progress thread: nobody else answers this QP's Reads, so
+  // it may spin for the next one (responder_spin.h).
+  engine_->NoteReadRequestQueued(request.size, outstanding);
 }
 
 std::optional<std::uint64_t> Qp::FindReadByMsn(std::uint32_t msn) {

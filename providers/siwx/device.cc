@@ -87,6 +87,17 @@ std::chrono::microseconds ProgressSpin() {
   return spin;
 }
 
+// SIWX_RESPONDER_SPIN_US (README, Configuration), read once per process: how
+// long the progress thread may poll before it sleeps while it answers small
+// Read Requests itself (engine/responder_spin.h; 0: never).
+std::chrono::microseconds ResponderSpin() {
+  const long max = static_cast<long>(engine::kMaxProgressSpin.count());
+  static const std::chrono::microseconds spin(NumericSetting(
+      "SIWX_RESPONDER_SPIN_US", 0, max,
+      static_cast<long>(engine::ResponderSpin::kDefaultMax.count()), "microseconds"));
+  return spin;
+}
+
 // SIWX_PROGRESS_AFFINITY (README, Configuration), read once per process:
 // whether the progress thread keeps off the application's CPU
 // (engine/placement.h).
@@ -191,6 +202,7 @@ verbs_context* AllocContext(ibv_device* ibdev, int cmd_fd, void* /*private_data*
       };
       config.teardown_timeout = TeardownTimeout();
       config.progress_spin = ProgressSpin();
+      config.responder_spin = ResponderSpin();
       config.progress_affinity = ProgressAffinity();
       errno = 0;
       state->engine = engine::Engine::Create(std::move(config));

@@ -206,6 +206,7 @@ struct NodeOptions {
   ReceiveQueue* srq = nullptr;
   std::chrono::milliseconds teardown_timeout = kDefaultTeardownTimeout;  // own engine only
   ProgressAffinity progress_affinity = ProgressAffinity::kAway;           // own engine only
+  std::chrono::microseconds responder_spin = ResponderSpin::kDefaultMax;  // own engine only
   PdId pd = kNoPd;  // kNoPd: allocate one; else a PD of the shared engine
 };
 
@@ -217,6 +218,7 @@ struct Node {
       config.on_async_event = events.Callback();
       config.teardown_timeout = options.teardown_timeout;
       config.progress_affinity = options.progress_affinity;
+      config.responder_spin = options.responder_spin;
       own_engine = Engine::Create(std::move(config));
       engine = own_engine.get();
     } else {

@@ -1,0 +1,222 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
+// The progress thread's spin while it answers a Read ping-pong itself
+// (common/engine/responder_spin.h, docs/performance-notes.md 3.8): the pure
+// policy, and which inbound traffic arms it in a running engine. Only small
+// Read Requests queued on the progress thread arm it; Writes and Sends (the
+// ib_write_lat / ib_send_lat traffic, where a spinning progress thread
+// costs 4x), Read Responses and bulk Reads never do.
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#include "common/engine/responder_spin.h"
+#include "engine/engine_test_util.h"
+
+namespace siwx::engine::testing {
+namespace {
+
+using std::chrono::microseconds;
+using std::chrono::nanoseconds;
+using Wake = ResponderSpin::Wake;
+
+TEST(ResponderSpinPolicy, StartsWithoutSpinning) {
+  const ResponderSpin spin(microseconds(50));
+  EXPECT_EQ(spin.budget(), nanoseconds::zero());
+}
+
+TEST(ResponderSpinPolicy, SmallReadSoonAfterTheWaitArmsTheFullSpin) {
+  ResponderSpin spin(microseconds(50));
+  spin.OnReadRequest(8, 1);
+  EXPECT_TRUE(spin.OnWakeupHandled(Wake::kSoon));
+  EXPECT_EQ(spin.budget(), microseconds(50));
+}
+
+TEST(ResponderSpinPolicy, WakeupsWithoutReadRequestsNeverArm) {
+  // ib_write_lat's and ib_send_lat's progress threads: inbound Writes and
+  // Sends come in quick succession, yet no spin.
+  ResponderSpin spin(microseconds(50));
+  for (int i = 0; i < 100; ++i) EXPECT_FALSE(spin.OnWakeupHandled(Wake::kSoon));
+  EXPECT_EQ(spin.budget(), nanoseconds::zero());
+}
+
+TEST(ResponderSpinPolicy, ReadAfterALongSleepDoesNotArm) {
+  // A requester that reads less often than the spin lasts: no spin.
+  ResponderSpin spin(microseconds(50));
+  EXPECT_FALSE(spin.SleptBriefly(microseconds(51)));
+  EXPECT_TRUE(spin.SleptBriefly(microseconds(50)));
+  spin.OnReadRequest(8, 1);
+  const bool soon = spin.SleptBriefly(microseconds(400));
+  EXPECT_FALSE(spin.OnWakeupHandled(soon ? Wake::kSoon : Wake::kLate));
+  EXPECT_EQ(spin.budget(), nanoseconds::zero());
+}
+
+TEST(ResponderSpinPolicy, BulkReadsDoNotArm) {
+  ResponderSpin spin(microseconds(50));
+  spin.OnReadRequest(ResponderSpin::kSmallRead + 1, 1);
+  EXPECT_FALSE(spin.OnWakeupHandled(Wake::kSoon));
+  spin.OnReadRequest(ResponderSpin::kSmallRead, 1);
+  EXPECT_TRUE(spin.OnWakeupHandled(Wake::kSoon));
+}
+
+TEST(ResponderSpinPolicy, ReadsWhileResponsesAreOwedStopTheSpin) {
+  // ib_read_bw's shape: Requests arrive while earlier ones are unanswered.
+  ResponderSpin spin(microseconds(50));
+  spin.OnReadRequest(8, 1);
+  ASSERT_TRUE(spin.OnWakeupHandled(Wake::kSoon));
+  spin.OnReadRequest(8, 1);
+  spin.OnReadRequest(8, 2);
+  EXPECT_FALSE(spin.OnWakeupHandled(Wake::kSoon));
+  EXPECT_EQ(spin.budget(), nanoseconds::zero());
+  // A lone Request again (the stream ended): a ping-pong once more.
+  spin.OnReadRequest(8, 1);
+  EXPECT_TRUE(spin.OnWakeupHandled(Wake::kSoon));
+}
+
+TEST(ResponderSpinPolicy, ARequestWaitingWhenTheSpinBeganStopsIt) {
+  // A requester that did not wait for the previous Response (a stream of
+  // small Reads, one Request per receive): the spin's first poll finds it.
+  ResponderSpin spin(microseconds(50));
+  spin.OnReadRequest(8, 1);
+  ASSERT_TRUE(spin.OnWakeupHandled(Wake::kSoon));
+  spin.OnReadRequest(8, 1);
+  EXPECT_FALSE(spin.OnWakeupHandled(Wake::kAtOnce));
+  EXPECT_EQ(spin.budget(), nanoseconds::zero());
+  // Other events found at once (no Read among them) change nothing.
+  spin.OnReadRequest(8, 1);
+  ASSERT_TRUE(spin.OnWakeupHandled(Wake::kSoon));
+  EXPECT_FALSE(spin.OnWakeupHandled(Wake::kAtOnce));
+  EXPECT_EQ(spin.budget(), microseconds(50));
+}
+
+TEST(ResponderSpinPolicy, ABulkReadStopsTheSpin) {
+  ResponderSpin spin(microseconds(50));
+  spin.OnReadRequest(8, 1);
+  ASSERT_TRUE(spin.OnWakeupHandled(Wake::kSoon));
+  spin.OnReadRequest(64 * 1024, 1);
+  EXPECT_FALSE(spin.OnWakeupHandled(Wake::kSoon));
+  EXPECT_EQ(spin.budget(), nanoseconds::zero());
+}
+
+TEST(ResponderSpinPolicy, AReadCountsForItsOwnWakeupOnly) {
+  ResponderSpin spin(microseconds(50));
+  spin.OnReadRequest(8, 1);
+  EXPECT_FALSE(spin.OnWakeupHandled(Wake::kLate));
+  EXPECT_FALSE(spin.OnWakeupHandled(Wake::kSoon));  // no Read in this one
+  EXPECT_EQ(spin.budget(), nanoseconds::zero());
+}
+
+TEST(ResponderSpinPolicy, EmptySpinsHalveUntilNone) {
+  // Self-limiting: after the Reads stop, 50 + 25 + ... < 100 us of spinning.
+  ResponderSpin spin(microseconds(50));
+  spin.OnReadRequest(8, 1);
+  ASSERT_TRUE(spin.OnWakeupHandled(Wake::kSoon));
+  nanoseconds total{0};
+  int spins = 0;
+  while (spin.budget() > nanoseconds::zero()) {
+    total += spin.budget();
+    spin.OnSpinFoundNothing();
+    ASSERT_LT(++spins, 64);
+  }
+  EXPECT_LT(total, microseconds(100));
+  EXPECT_GE(spins, 5);
+  EXPECT_EQ(spin.budget(), nanoseconds::zero());
+}
+
+TEST(ResponderSpinPolicy, ZeroMaximumNeverSpins) {
+  ResponderSpin spin(nanoseconds::zero());
+  spin.OnReadRequest(8, 1);
+  EXPECT_FALSE(spin.OnWakeupHandled(Wake::kSoon));
+  EXPECT_EQ(spin.budget(), nanoseconds::zero());
+}
+
+// Engines whose spin is long enough (1 s) that any wake-up of this test
+// counts as soon: whether the spin arms is then decided by the traffic
+// alone, not by the machine's speed.
+constexpr microseconds kLongSpin{1'000'000};
+
+class ResponderSpinEngineTest : public ::testing::Test {
+ protected:
+  static NodeOptions Options() {
+    NodeOptions o;
+    o.responder_spin = kLongSpin;
+    return o;
+  }
+  void SetUp() override { Link(a_, b_, Transport::kTcp, {}); }
+
+  // `count` Reads of `size` octets by a from b, one at a time; a polls its
+  // send CQ without driving, so a's progress thread places the responses.
+  void ReadOneAtATime(std::size_t size, int count) {
+    Buffer src(size);
+    src.Fill(7);
+    const std::uint32_t rkey = src.Register(b_.memory(), b_.pd, kAllRemote);
+    Buffer dst(size, 0);
+    const std::uint32_t lkey = dst.Register(a_.memory(), a_.pd, kAllRemote);
+    for (int i = 0; i < count; ++i) {
+      SendWorkRequest wr = MakeSend(static_cast<std::uint64_t>(i), SendOpcode::kRdmaRead);
+      AddSge(wr, dst.addr(), static_cast<std::uint32_t>(size), lkey);
+      wr.rkey = rkey;
+      wr.remote_addr = src.addr();
+      ASSERT_EQ(a_.qp->PostSend(wr), PostStatus::kOk);
+      const auto done = WaitCompletions(*a_.send_cq, 1);
+      ASSERT_EQ(done.size(), 1u);
+      ASSERT_EQ(done[0].status, WcStatus::kSuccess);
+    }
+    EXPECT_TRUE(SameBytes(dst.data(), src.data(), size));
+  }
+
+  Node a_{Options()};
+  Node b_{Options()};
+};
+
+TEST_F(ResponderSpinEngineTest, SmallReadsAnsweredByTheProgressThreadArmItsSpin) {
+  ReadOneAtATime(8, 20);
+  // b's progress thread answered every Read Request (b's application makes
+  // no call): its spin armed, and later Requests found it spinning instead
+  // of asleep.
+  EXPECT_GE(b_.engine->responder_spin_arms(), 1u);
+  EXPECT_GE(b_.engine->responder_spin_catches(), 1u);
+  // The requester's progress thread only placed Read Responses.
+  EXPECT_EQ(a_.engine->responder_spin_arms(), 0u);
+}
+
+TEST_F(ResponderSpinEngineTest, BulkReadsDoNotArmTheSpin) {
+  ReadOneAtATime(64 * 1024, 10);
+  EXPECT_EQ(b_.engine->responder_spin_arms(), 0u);
+  EXPECT_EQ(a_.engine->responder_spin_arms(), 0u);
+}
+
+TEST_F(ResponderSpinEngineTest, WritesAndSendsDoNotArmTheSpin) {
+  // The ib_write_lat / ib_send_lat shape: 8-octet messages both ways,
+  // placed by the progress threads.
+  Buffer abuf(64);
+  const std::uint32_t akey = abuf.Register(a_.memory(), a_.pd, kAllRemote);
+  Buffer bbuf(64);
+  const std::uint32_t bkey = bbuf.Register(b_.memory(), b_.pd, kAllRemote);
+  auto write = [](Node& from, std::uint64_t id, Buffer& to, std::uint32_t rkey) {
+    SendWorkRequest wr = MakeSend(id, SendOpcode::kRdmaWrite, kSendSignaled | kSendInline);
+    wr.inline_length = 8;
+    wr.rkey = rkey;
+    wr.remote_addr = to.addr();
+    ASSERT_EQ(from.qp->PostSend(wr), PostStatus::kOk);
+    ASSERT_EQ(WaitCompletions(*from.send_cq, 1).size(), 1u);
+  };
+  auto send = [](Node& from, Node& to, std::uint64_t id, Buffer& buf, std::uint32_t key) {
+    PostRecv(to, id, buf, key);
+    SendWorkRequest wr = MakeSend(id, SendOpcode::kSend, kSendSignaled | kSendInline);
+    wr.inline_length = 8;
+    ASSERT_EQ(from.qp->PostSend(wr), PostStatus::kOk);
+    ASSERT_EQ(WaitCompletions(*to.recv_cq, 1).size(), 1u);
+  };
+  for (std::uint64_t i = 0; i < 20; ++i) {
+    write(a_, i, bbuf, bkey);
+    write(b_, i, abuf, akey);
+    send(a_, b_, i, bbuf, bkey);
+    send(b_, a_, i, abuf, akey);
+  }
+  EXPECT_EQ(a_.engine->responder_spin_arms(), 0u);
+  EXPECT_EQ(b_.engine->responder_spin_arms(), 0u);
+  EXPECT_EQ(b_.engine->responder_spin_catches(), 0u);
+}
+
+}  // namespace
+}  // namespace siwx::engine::testing
