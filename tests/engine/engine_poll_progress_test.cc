@@ -783,7 +783,8 @@ class SinkStream {
         EXPECT_EQ(wc.status, WcStatus::kSuccess);
         EXPECT_EQ(wc.byte_len, kSize);
         EXPECT_TRUE(SameBytes(rbufs_.data() + slot, src_.data() + slot, kSize));
-        good = wc.wr_id == received_ && wc.status == WcStatus::kSuccess && PostSlot(received_ + kWindow);
+        good = wc.wr_id == received_ && wc.status == WcStatus::kSuccess &&
+               PostSlot(received_ + kWindow);
         posted_upto_.store(received_ + kWindow + 1);
         ++received_;
       }
