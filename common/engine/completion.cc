@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <utility>
+#include <vector>
 
 namespace siwx::engine {
 
@@ -36,6 +37,11 @@ void CountEmptyPoll() {
   ++tls_yields;
   sched_yield();
 }
+
+// DeferWakesOnThisThread: whether pushes on this thread defer waking the
+// CQ's waiting pollers, and the CQs with a wake-up owed.
+thread_local bool tls_defer_wakes = false;
+thread_local std::vector<CompletionQueue*> tls_deferred_wakes;
 
 // The CQ this thread last polled empty with progress: a poll may wait only
 // on a thread that polls this CQ and no other (one that polls several in
@@ -86,9 +92,40 @@ std::unique_ptr<CompletionQueue> CompletionQueue::Create(std::uint32_t capacity,
 CompletionQueue::CompletionQueue(std::uint32_t capacity, Callbacks callbacks)
     : capacity_(capacity), callbacks_(std::move(callbacks)), ring_(capacity) {}
 
+void CompletionQueue::DeferWakesOnThisThread(bool defer) {
+  if (!defer) WakeDeferred();
+  tls_defer_wakes = defer;
+}
+
+void CompletionQueue::WakeDeferred() {
+  if (tls_deferred_wakes.empty()) return;
+  std::vector<CompletionQueue*> owed;
+  owed.swap(tls_deferred_wakes);
+  for (CompletionQueue* cq : owed) cq->WakeWaitersIfQueued();
+  owed.clear();
+  if (tls_deferred_wakes.empty()) tls_deferred_wakes.swap(owed);  // keeps the capacity
+}
+
+void CompletionQueue::WakeWaitersIfQueued() {
+  {
+    std::lock_guard lock(mutex_);
+    if (waiters_ == 0 || (count_.load(std::memory_order_relaxed) == 0 &&
+                          !in_error_.load(std::memory_order_relaxed))) {
+      return;
+    }
+  }
+  WakeWaiters();
+}
+
+void CompletionQueue::WakeWaiters() {
+  waiter_wakes_.fetch_add(1, std::memory_order_relaxed);
+  pushed_.notify_all();
+}
+
 PushStatus CompletionQueue::Push(const WorkCompletion& wc, bool solicited) {
   bool notify = false;
   bool wake_waiters = false;
+  bool defer_wake = false;
   bool report_error = false;
   PushStatus status = PushStatus::kOk;
   {
@@ -104,8 +141,17 @@ PushStatus CompletionQueue::Push(const WorkCompletion& wc, bool solicited) {
     } else {
       ring_[(head_ + count) % capacity_] = wc;
       count_.store(count + 1, std::memory_order_release);
-      // Waiters wait for a non-empty ring: only the first entry wakes them.
-      wake_waiters = count == 0 && waiters_ > 0;
+      // Waiters wait for a non-empty ring: only the first entry wakes them,
+      // unless this thread defers the wake-up (then the kWakeBatch-th does).
+      if (waiters_ > 0) {
+        if (!tls_defer_wakes) {
+          wake_waiters = count == 0;
+        } else if (count + 1 >= kWakeBatch) {
+          wake_waiters = count + 1 == kWakeBatch;
+        } else {
+          defer_wake = count == 0;
+        }
+      }
       const bool counts_as_solicited = solicited || wc.status != WcStatus::kSuccess;
       if (arm_ == CqArm::kNextCompletion ||
           (arm_ == CqArm::kSolicited && counts_as_solicited)) {
@@ -115,7 +161,16 @@ PushStatus CompletionQueue::Push(const WorkCompletion& wc, bool solicited) {
     }
   }
   // Outside the lock: the callbacks may poll or re-arm.
-  if (wake_waiters) pushed_.notify_all();
+  if (defer_wake &&
+      std::find(tls_deferred_wakes.begin(), tls_deferred_wakes.end(), this) ==
+          tls_deferred_wakes.end()) {
+    tls_deferred_wakes.push_back(this);
+  }
+  if (wake_waiters) WakeWaiters();
+  // A callback may block (or destroy a CQ): nothing stays owed across it.
+  if ((report_error && callbacks_.on_async_event) || (notify && callbacks_.on_completion)) {
+    WakeDeferred();
+  }
   if (report_error && callbacks_.on_async_event) callbacks_.on_async_event(CqEvent::kCqError);
   if (notify && callbacks_.on_completion) callbacks_.on_completion();
   return status;

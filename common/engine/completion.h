@@ -192,6 +192,21 @@ class CompletionQueue {
   // How often PollWithProgress yielded on the calling thread.
   static std::uint64_t YieldsOnThisThread();
 
+  // Wake-ups of pollers sleeping in PollWithProgress's bounded wait, for
+  // pushes made on the calling thread: with `defer` (the engine's progress
+  // thread), a push that finds a poller waiting does not wake it at once
+  // but when WakeDeferred runs (the thread is done with what it read, and
+  // calls it before it sleeps or runs anything that may block), or once
+  // kWakeBatch entries are queued. The entry is in the ring at once; only
+  // the wake-up waits, for at most one turn of that thread. A receiver of
+  // 64 KiB Sends was woken once per message, several times per turn of the
+  // progress thread (docs/performance-notes.md 3.10).
+  static void DeferWakesOnThisThread(bool defer);
+  static void WakeDeferred();
+  static constexpr std::size_t kWakeBatch = 16;
+  // How many times this CQ woke its waiting pollers (tests).
+  std::uint64_t waiter_wakes() const { return waiter_wakes_.load(std::memory_order_relaxed); }
+
   // Bounded wait of PollWithProgress (SIWX_POLL_WAIT_US; zero: never waits).
   // When the CQ is still empty after the drivers' turns and every driver
   // says PollMayWait (typically: its socket is full and only the progress
@@ -238,6 +253,9 @@ class CompletionQueue {
   // PollWithProgress: sleeps until an entry is pushed (or the CQ fails), at
   // most poll_wait_.
   void WaitForPush();
+  // Wakes the waiters if the ring holds anything (WakeDeferred).
+  void WakeWaitersIfQueued();
+  void WakeWaiters();
 
   const std::uint32_t capacity_;
   const Callbacks callbacks_;
@@ -254,6 +272,7 @@ class CompletionQueue {
   std::condition_variable pushed_;
   std::uint32_t waiters_ = 0;  // guarded by mutex_
   std::atomic<std::uint64_t> poll_waits_{0};
+  std::atomic<std::uint64_t> waiter_wakes_{0};
   std::atomic<std::uint64_t> poll_wait_timeouts_{0};
 
   // Held by the driving thread for the whole turn, so RemoveDriver waits for

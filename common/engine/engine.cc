@@ -155,6 +155,9 @@ void Engine::Emit(const AsyncEvent& event) const {
 
 void Engine::Run() {
   std::array<transport::Poller::Event, 64> events{};
+  // Pollers sleeping on a CQ are woken once per phase below, not per
+  // completion (CompletionQueue::DeferWakesOnThisThread).
+  CompletionQueue::DeferWakesOnThisThread(true);
   while (!stop_.load(std::memory_order_acquire)) {
     placement_.Apply();
     const int n = WaitForEvents(events);
@@ -170,12 +173,15 @@ void Engine::Run() {
       static_cast<Qp*>(ev.ptr())->OnPollEvent(ev.readable, ev.writable, ev.hangup);
     }
     if (rung) doorbell_.Drain();
+    CompletionQueue::WakeDeferred();
     RunCommands();
     RunTimers();
+    CompletionQueue::WakeDeferred();
     if (responder_spin_.OnWakeupHandled(wake_)) {
       responder_spin_arms_.fetch_add(1, std::memory_order_relaxed);
     }
   }
+  CompletionQueue::DeferWakesOnThisThread(false);
 }
 
 int Engine::WaitForEvents(std::span<transport::Poller::Event> events) {
@@ -288,6 +294,8 @@ void Engine::RunCommands() {
     }
     for (const Command& command : batch) {
       Execute(command);
+      // Before the submitter goes on (it may destroy a CQ pushed to).
+      CompletionQueue::WakeDeferred();
       {
         std::lock_guard lock(command_mutex_);
         ++completed_ticket_;

@@ -249,6 +249,7 @@ AccessCheckResult MemoryTable::Check(std::uint32_t stag, PdId qp_pd, AccessKind 
     result.status = AccessStatus::kOk;
     return result;
   }
+  checks_.fetch_add(1, std::memory_order_relaxed);
   std::shared_lock lock(mutex_);
   std::shared_ptr<MemoryRegion> region = FindLocked(stag);
   if (!region) {

@@ -251,6 +251,9 @@ class MemoryTable {
   InvalidateStatus InvalidateRemote(std::uint32_t stag, PdId qp_pd);
 
   std::size_t region_count() const;
+  // How many Checks ran on this table (tests count the lookups a holder of
+  // a region saves, rx.h pin_).
+  std::uint64_t checks() const { return checks_.load(std::memory_order_relaxed); }
 
  private:
   struct Slot {
@@ -276,6 +279,7 @@ class MemoryTable {
   const IndexSource index_source_;
 
   mutable std::shared_mutex mutex_;
+  mutable std::atomic<std::uint64_t> checks_{0};
   std::vector<Slot> slots_;                  // guarded by mutex_; power of two, <= half used
   std::deque<std::uint32_t> recently_freed_;  // guarded by mutex_; at most reuse_delay_
   std::unordered_map<PdId, std::uint32_t> pd_regions_;  // guarded by mutex_; live PD -> #regions

@@ -409,11 +409,17 @@ PostStatus Qp::PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* p
   PostStatus status = PostStatus::kOk;
   bool flushed = false;
   // StreamLeftToProgress: a sink is a QP that took in kSinkOctets between
-  // two of its posts (perftest's ib_send_bw receiver posts a zero-length
-  // Write now and then; a ping-pong posts per message received).
+  // two of its posts, or 2 x kSinkOctets since the post before its last
+  // (perftest's ib_send_bw receiver posts a credit Write every 170
+  // messages, two of them 2 messages apart once per 512: with the first
+  // rule alone, every such pair made it read 4 MiB itself, spinning; a
+  // ping-pong posts per message received).
   const std::uint64_t rx_now = counters_.rx_octets.load(std::memory_order_relaxed);
-  sink_.store(rx_now - sink_mark_.load(std::memory_order_relaxed) >= kSinkOctets,
+  const std::uint64_t last_post = sink_mark_.load(std::memory_order_relaxed);
+  sink_.store(rx_now - last_post >= kSinkOctets ||
+                  rx_now - sink_mark_before_.load(std::memory_order_relaxed) >= 2 * kSinkOctets,
               std::memory_order_relaxed);
+  sink_mark_before_.store(last_post, std::memory_order_relaxed);
   sink_mark_.store(rx_now, std::memory_order_relaxed);
   // Nor is a QP quiet that posts: the quiet time starts again.
   quiet_mark_.store(~std::uint64_t{0}, std::memory_order_relaxed);

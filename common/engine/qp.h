@@ -278,8 +278,9 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // read; short against the 8 B latency it can add (performance-notes 3.4).
   // With a CQ that may wait (CompletionQueue::set_poll_wait), a receive
   // turn is not taken once no read found data for kQuietBeforePollWait, or
-  // kSinkOctets came in since the last PostSend or between the last two (a
-  // bulk receiver that sends little): the read lease ends, the progress
+  // kSinkOctets came in since the last PostSend or between the last two, or
+  // 2 x kSinkOctets over the last three (a bulk receiver that sends
+  // little, now and then two posts at once): the read lease ends, the progress
   // thread reads, and the poll may sleep (PollMayWait) until that thread
   // pushes what completes.
   void DriveFromPoll(const CompletionQueue& polled) override;
@@ -554,14 +555,17 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // polling threads without a lock: a race misjudges one poll.
   std::atomic<std::uint64_t> quiet_mark_{~std::uint64_t{0}};
   std::atomic<std::chrono::steady_clock::rep> quiet_since_{0};
-  // rx_octets at the last PostSend, and whether at least kSinkOctets came
-  // in between that post and the one before (StreamLeftToProgress).
+  // rx_octets at the last PostSend and at the one before, and whether at
+  // least kSinkOctets came in between the last two posts, or 2 x
+  // kSinkOctets between the last and the one two before
+  // (StreamLeftToProgress).
   std::atomic<std::uint64_t> sink_mark_{0};
+  std::atomic<std::uint64_t> sink_mark_before_{0};
   std::atomic<bool> sink_{false};
   // Polling thread: true once no read has returned data for
   // kQuietBeforePollWait, as far as the polls can tell, or while the QP is
   // a sink: kSinkOctets came in since its last PostSend, or between its
-  // last two.
+  // last two, or 2 x kSinkOctets over its last three.
   bool StreamLeftToProgress(std::chrono::steady_clock::rep now);
   int poll_fd_ = -1;          // guarded by poll_mutex_
   // Moves the fd's registration from its current interest (read unless

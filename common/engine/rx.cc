@@ -452,7 +452,7 @@ void QpRx::HeaderTagged(const rdmap::DdpRdmapHeader& h) {
       AccessCheckResult check =
           memory.Check(h.stag, pd, AccessKind::kRemoteWrite, h.to, payload_length_);
       if (!Accepts(CheckWriteTarget(check.status))) return;
-      tagged_pin_ = std::move(check.region);
+      pin_ = std::move(check.region);
     }
     tagged_stag_ = h.stag;
     tagged_to_ = h.to;
@@ -479,7 +479,7 @@ void QpRx::HeaderTagged(const rdmap::DdpRdmapHeader& h) {
     AccessCheckResult check =
         memory.Check(h.stag, pd, AccessKind::kRemoteWrite, h.to, payload_length_);
     if (!Accepts(CheckReadResponseTarget(check.status))) return;
-    tagged_pin_ = std::move(check.region);
+    pin_ = std::move(check.region);
   }
   tagged_stag_ = h.stag;
   tagged_to_ = h.to;
@@ -521,12 +521,13 @@ void QpRx::HeaderTerminate(const rdmap::DdpRdmapHeader& h) {
 
 void QpRx::OnFpduComplete() {
   CounterAdd(qp_.counters().rx_fpdus, 1);
-  // The pin stays only across FPDUs that complete nothing (a Write, a Read
-  // Response before its last segment): completions and kicks may run
-  // callbacks that deregister memory.
+  // The pin stays only across FPDUs that complete nothing (a Write, a Send
+  // or Read Response before its last segment): completions and kicks may
+  // run callbacks that deregister memory.
   const bool keeps_pin =
       !pending_ && (segment_ == Segment::kWrite ||
-                    (segment_ == Segment::kReadResponse && !header_.last));
+                    ((segment_ == Segment::kReadResponse || segment_ == Segment::kSend) &&
+                     !header_.last));
   if (!keeps_pin) ReleasePin();
   last_fpdu_large_ = payload_length_ >= kDirectPlacementMin;
   if (pending_) {
@@ -772,10 +773,10 @@ std::optional<std::size_t> QpRx::MapTarget(std::uint64_t offset, std::size_t len
           failure = check.status;
           return std::nullopt;
         }
-        tagged_pin_ = std::move(check.region);
+        pin_ = std::move(check.region);
       }
       // The pin holds the region for this read (no entry in refs_).
-      iov_[0].iov_base = tagged_pin_->HostPointer(to);
+      iov_[0].iov_base = pin_->HostPointer(to);
       iov_[0].iov_len = length;
       return 1;
     }
@@ -784,24 +785,39 @@ std::optional<std::size_t> QpRx::MapTarget(std::uint64_t offset, std::size_t len
       std::size_t left = length;
       std::size_t count = 0;
       std::uint64_t position = 0;
+      bool pin_used = false;  // an iovec of this call points into pin_'s region
       for (const Sge& sge : recv_wr_->sges()) {
         if (left == 0) break;
         const std::uint64_t end = position + sge.length;
         if (message_offset < end && sge.length > 0) {
           const std::uint64_t inner = message_offset - position;
+          const std::uint64_t to = sge.addr + inner;
           const std::size_t n =
               static_cast<std::size_t>(std::min<std::uint64_t>(sge.length - inner, left));
-          AccessCheckResult check =
-              memory.Check(sge.lkey, pd, AccessKind::kLocalWrite, sge.addr + inner, n);
-          if (!check.ok()) {
-            ReleaseRefs();
-            failure = check.status;
-            return std::nullopt;
+          if (PinCovers(sge.lkey, AccessKind::kLocalWrite, to, n)) {
+            iov_[count].iov_base = pin_->HostPointer(to);
+            pin_used = true;
+          } else {
+            AccessCheckResult check = memory.Check(sge.lkey, pd, AccessKind::kLocalWrite, to, n);
+            if (!check.ok()) {
+              ReleaseRefs();
+              failure = check.status;
+              return std::nullopt;
+            }
+            iov_[count].iov_base = check.region->HostPointer(to);
+            // The first region checked becomes the pin, so the next FPDUs
+            // of this message in the same read need no lookup; a pin an
+            // earlier iovec of this call points into stays, and the others
+            // are held in refs_ for this call only.
+            if (!pin_used) {
+              pin_ = std::move(check.region);
+              pin_used = true;
+            } else {
+              refs_[ref_count_++] = std::move(check.region);
+            }
           }
-          iov_[count].iov_base = check.region->HostPointer(sge.addr + inner);
           iov_[count].iov_len = n;
-          refs_[count] = std::move(check.region);
-          ref_count_ = ++count;
+          ++count;
           message_offset += n;
           left -= n;
         }
@@ -826,7 +842,7 @@ bool QpRx::PinCovers(std::uint32_t stag, AccessKind kind, std::uint64_t to,
   // is still the region of this STag until Deregister returns, so a Write
   // that races a deregistration lands as if it came first; invalidation is
   // seen here (RegionCovers reads the validity flag).
-  return RegionCovers(tagged_pin_.get(), stag, qp_.pd(), kind, to, length);
+  return RegionCovers(pin_.get(), stag, qp_.pd(), kind, to, length);
 }
 
 void QpRx::ReleaseRefs() {

@@ -24,9 +24,9 @@
 // is not placed at all, its payload is read and CRC-checked by the parser
 // and dropped, and the Terminate is raised when the FPDU ends, so a CRC
 // error in the same FPDU takes precedence (RFC 5044 8). Each placement into
-// registered memory re-checks the range it writes (a tagged target against
-// the region already held for this read, tagged_pin_, else in the table)
-// and RegionRefs are held only for the octets of one read (memory.h).
+// registered memory re-checks the range it writes (against the region
+// already held for this read, pin_, else in the table), and RegionRefs are
+// held only for the octets of one read (memory.h).
 //
 // Registered memory whose protection the application changed (mprotect
 // read-only, munmap) after registering it breaks the registration, which
@@ -169,17 +169,17 @@ class QpRx {
   void Raise(const PendingError& error);
 
   // Host ranges of payload octets [offset, offset + length) of the current
-  // segment, with their RegionRefs held in refs_. Returns the number of
+  // segment, their regions held by pin_ or in refs_. Returns the number of
   // iovecs, or nullopt if a region check failed (`failure` says which).
   std::optional<std::size_t> MapTarget(std::uint64_t offset, std::size_t length,
                                        AccessStatus& failure);
   void ReleaseRefs();
-  // True if tagged_pin_ is the region of `stag` and passes the check
+  // True if pin_ is the region of `stag` and passes the check
   // MemoryTable::Check makes for this access (then no table lookup is
   // needed); false sends the caller to the full check.
   bool PinCovers(std::uint32_t stag, AccessKind kind, std::uint64_t to,
                  std::uint64_t length) const;
-  void ReleasePin() { tagged_pin_.Release(); }
+  void ReleasePin() { pin_.Release(); }
   // The target of the current segment failed its re-check at placement.
   void PlacementFailed(AccessStatus failure);
   // recvmsg could not write the target (EFAULT): a local protection error.
@@ -232,14 +232,15 @@ class QpRx {
   std::uint64_t last_boundary_ = 0;  // parser stream position after the last FPDU
   bool last_fpdu_large_ = false;     // its payload was at least kDirectPlacementMin
 
-  // The region of the last tagged target checked, kept while the octets of
-  // one read are processed: the FPDUs of a Write that came in one read are
-  // checked against it without a lookup in the memory table (two lookups
-  // per FPDU were a quarter of the receive side's CPU time at standard
-  // framing, docs/performance-notes.md 2.2). Released before the next
-  // system call and before anything that may complete a WR (completion
-  // callbacks may deregister memory, which waits for every RegionRef).
-  RegionRef tagged_pin_;
+  // The region of the last target checked (tagged, or a receive WR's SGE),
+  // kept while the octets of one read are processed: the FPDUs of a Write or
+  // a Send that came in one read are checked against it without a lookup in
+  // the memory table (two lookups per FPDU were a quarter of the receive
+  // side's CPU time at standard framing, docs/performance-notes.md 2.2 and
+  // 3.10). Released before the next system call and before anything that
+  // may complete a WR (completion callbacks may deregister memory, which
+  // waits for every RegionRef).
+  RegionRef pin_;
   std::array<RegionRef, kMaxSge> refs_;
   std::size_t ref_count_ = 0;
   std::array<iovec, kMaxSge + 1> iov_{};

@@ -394,6 +394,70 @@ TEST(CompletionQueuePollWait, PushFromAnotherThreadEndsTheWaitWithItsEntry) {
   cq->RemoveDriver(&driver);
 }
 
+// Pushes on a thread that defers wake-ups (the engine's progress thread)
+// wake a poller sleeping on the CQ once, when the thread calls WakeDeferred
+// (done with what it read), not once per message: no wake-up before it,
+// every entry there for the woken poll, none lost.
+TEST(CompletionQueuePollWait, DeferredPushesWakeTheSleepingPollerOnceAtWakeDeferred) {
+  auto cq = CompletionQueue::Create(64, {});
+  FakeDriver driver;
+  cq->AddDriver(&driver);
+  // Far longer than any test may run: a lost wake-up shows as a timeout.
+  cq->set_poll_wait(std::chrono::minutes(10));
+  std::array<WorkCompletion, 8> out;
+  std::vector<std::uint64_t> got;
+  std::thread poller([&] {
+    while (got.size() < 5) {
+      const std::size_t n = cq->PollWithProgress(out);
+      for (std::size_t i = 0; i < n; ++i) got.push_back(out[i].wr_id);
+    }
+  });
+  while (cq->poll_waits() == 0) std::this_thread::yield();
+  std::thread pusher([&] {
+    CompletionQueue::DeferWakesOnThisThread(true);
+    for (std::uint64_t id = 0; id < 5; ++id) ASSERT_EQ(cq->Push(Wc(id)), PushStatus::kOk);
+    // Without deferral the first push woke the poller.
+    EXPECT_EQ(cq->waiter_wakes(), 0u);
+    CompletionQueue::WakeDeferred();
+    CompletionQueue::DeferWakesOnThisThread(false);
+  });
+  pusher.join();
+  poller.join();
+  EXPECT_EQ(got, (std::vector<std::uint64_t>{0, 1, 2, 3, 4}));
+  // The poller may have found the entries before the deferred wake-up (a
+  // spurious wake-up), then nobody waits and none is sent.
+  EXPECT_LE(cq->waiter_wakes(), 1u);
+  EXPECT_EQ(cq->poll_wait_timeouts(), 0u);
+  cq->RemoveDriver(&driver);
+}
+
+// A deferring thread that queues kWakeBatch entries wakes the sleeping
+// poller at once, without WakeDeferred (a long turn of the progress thread
+// holds no wake-up back for longer than that).
+TEST(CompletionQueuePollWait, DeferredPushesWakeTheSleepingPollerAtTheBatchSize) {
+  auto cq = CompletionQueue::Create(64, {});
+  FakeDriver driver;
+  cq->AddDriver(&driver);
+  cq->set_poll_wait(std::chrono::minutes(10));
+  std::array<WorkCompletion, 64> out;
+  std::size_t got = 0;
+  std::thread poller([&] {
+    while (got < CompletionQueue::kWakeBatch) got += cq->PollWithProgress(out);
+  });
+  while (cq->poll_waits() == 0) std::this_thread::yield();
+  std::thread pusher([&] {
+    CompletionQueue::DeferWakesOnThisThread(true);
+    for (std::uint64_t id = 0; id < CompletionQueue::kWakeBatch; ++id) {
+      ASSERT_EQ(cq->Push(Wc(id)), PushStatus::kOk);
+    }
+  });
+  pusher.join();  // it never called WakeDeferred
+  poller.join();
+  EXPECT_EQ(got, CompletionQueue::kWakeBatch);
+  EXPECT_EQ(cq->poll_wait_timeouts(), 0u);
+  cq->RemoveDriver(&driver);
+}
+
 // A CQ in error (it overflowed) gets nothing more: a poll never sleeps on it.
 TEST(CompletionQueuePollWait, CqInErrorNeverWaits) {
   auto cq = CompletionQueue::Create(1, {});
