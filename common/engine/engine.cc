@@ -199,16 +199,13 @@ int Engine::WaitForEvents(std::span<transport::Poller::Event> events) {
   // have caught that event): spinning stops paying for itself once events
   // come more slowly than the spin lasts (docs/performance-notes.md 3.3).
   using Clock = std::chrono::steady_clock;
-  const Clock::time_point spin_start = Clock::now();
-  while (Clock::now() - spin_start < spin_budget_) {
-    const int n = poller_.Wait(events, 0);
-    if (n > 0) return n;
-    if (stop_.load(std::memory_order_relaxed)) return 0;
-  }
+  bool at_once = false;
+  int n = Spin(events, spin_budget_, std::chrono::nanoseconds::max(), &at_once);
+  if (n > 0 || stop_.load(std::memory_order_relaxed)) return n;
   spin_budget_ /= 2;
   if (spin_budget_ < std::chrono::microseconds(1)) spin_budget_ = {};
   const Clock::time_point sleep_start = Clock::now();
-  const int n = poller_.Wait(events, timeout_ms);
+  n = poller_.Wait(events, timeout_ms);
   if (n > 0 && Clock::now() - sleep_start <= spin_max) spin_budget_ = spin_max;
   return n;
 }
@@ -222,32 +219,41 @@ int Engine::WaitAfterResponderSpin(std::span<transport::Poller::Event> events,
     return poller_.Wait(events, timeout_ms);
   }
   if (responder_spin_.budget() > std::chrono::nanoseconds::zero() && timeout_ms != 0) {
-    const Clock::time_point spin_start = Clock::now();
-    Wake found = Wake::kAtOnce;
-    for (Clock::duration spun{}; spun < responder_spin_.budget();
-         spun = Clock::now() - spin_start) {
-      const int n = poller_.Wait(events, 0);
-      if (n > 0) {
-        wake_ = found;
-        responder_spin_catches_.fetch_add(1, std::memory_order_relaxed);
-        return n;
-      }
-      if (stop_.load(std::memory_order_relaxed)) return 0;
-      found = Wake::kSoon;
-      // A spinner sharing its CPU with the requester (other threads took
-      // the other one) would hold back the very Request it waits for (60-100
-      // us per Read under load); yielding at once handed the CPU to any
-      // other thread for its slice (a worse p99). So it yields only once
-      // the Request is later than a round trip on another CPU would make it
-      // (docs/performance-notes.md 3.8).
-      if (spun >= ResponderSpin::kYieldAfter) sched_yield();
+    // A spinner sharing its CPU with the requester (other threads took the
+    // other one) would hold back the very Request it waits for (60-100 us
+    // per Read under load); yielding at once handed the CPU to any other
+    // thread for its slice (a worse p99). So it yields only once the
+    // Request is later than a round trip on another CPU would make it
+    // (docs/performance-notes.md 3.8).
+    bool at_once = false;
+    const int n = Spin(events, responder_spin_.budget(), ResponderSpin::kYieldAfter, &at_once);
+    if (n > 0) {
+      wake_ = at_once ? Wake::kAtOnce : Wake::kSoon;
+      responder_spin_catches_.fetch_add(1, std::memory_order_relaxed);
+      return n;
     }
+    if (stop_.load(std::memory_order_relaxed)) return 0;
     responder_spin_.OnSpinFoundNothing();
   }
   const Clock::time_point sleep_start = Clock::now();
   const int n = poller_.Wait(events, timeout_ms);
   if (n > 0 && responder_spin_.SleptBriefly(Clock::now() - sleep_start)) wake_ = Wake::kSoon;
   return n;
+}
+
+int Engine::Spin(std::span<transport::Poller::Event> events, std::chrono::nanoseconds budget,
+                 std::chrono::nanoseconds yield_after, bool* at_once) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  *at_once = true;
+  for (Clock::duration spun{}; spun < budget; spun = Clock::now() - start) {
+    const int n = poller_.Wait(events, 0);
+    if (n > 0) return n;
+    if (stop_.load(std::memory_order_relaxed)) return 0;
+    *at_once = false;
+    if (spun >= yield_after) sched_yield();
+  }
+  return 0;
 }
 
 void Engine::ScheduleTimer(const std::shared_ptr<Qp>& qp, TimerClock::time_point when) {

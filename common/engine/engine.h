@@ -169,6 +169,12 @@ class Engine {
   int WaitForEvents(std::span<transport::Poller::Event> events);
   // WaitForEvents without progress_spin: the responder spin, then a sleep.
   int WaitAfterResponderSpin(std::span<transport::Poller::Event> events, int timeout_ms);
+  // The spin of both: polls without blocking for up to `budget`, yielding
+  // the CPU between polls once `yield_after` has passed. Returns what a poll
+  // found (0: nothing within the budget, or the engine is stopping);
+  // `*at_once`: its first poll found it.
+  int Spin(std::span<transport::Poller::Event> events, std::chrono::nanoseconds budget,
+           std::chrono::nanoseconds yield_after, bool* at_once);
   // Qp, any thread: a Read Request of `size` octets was queued, the QP now
   // owing `outstanding` Responses; tells the responder spin when that
   // thread is the progress thread.
