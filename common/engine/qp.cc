@@ -486,9 +486,13 @@ PostStatus Qp::PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* p
     // A ping-pong: nothing else in the SQ, and something came in since the
     // last post (a sender streaming into an idle SQ hears nothing back).
     const std::uint64_t fpdus_in = counters_.rx_fpdus.load(std::memory_order_relaxed);
-    alone = count > 0 && sq_.size() == count && fpdus_in != rx_fpdus_at_post_;
+    const bool answer = fpdus_in != rx_fpdus_at_post_;
+    alone = count > 0 && sq_.size() == count && answer;
     if (count > 0) rx_fpdus_at_post_ = fpdus_in;
-    if (count > 0) coalesce = CoalesceTx(wrs.first(count), alone);
+    // Something came in since the last post: maybe the post answers it (a
+    // ping-pong whose earlier unsignaled WRs are still in the SQ), so it
+    // transmits at once.
+    if (count > 0) coalesce = CoalesceTx(wrs.first(count), answer);
   }
   if (posted != nullptr) *posted = count;
   if (flushed) RetireSq();
@@ -518,7 +522,7 @@ PostStatus Qp::PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* p
   return status;
 }
 
-bool Qp::CoalesceTx(std::span<const SendWorkRequest> posted, bool ping_pong) {
+bool Qp::CoalesceTx(std::span<const SendWorkRequest> posted, bool answer) {
   const std::size_t limit = engine_->tx_coalesce_octets();
   const std::uint64_t polls =
       config_.send_cq->polls() + (config_.recv_cq != config_.send_cq ? config_.recv_cq->polls() : 0);
@@ -526,9 +530,9 @@ bool Qp::CoalesceTx(std::span<const SendWorkRequest> posted, bool ping_pong) {
   polls_at_post_ = polls;
   std::uint64_t octets = 0;
   for (const SendWorkRequest& wr : posted) octets += wr.total_length();
-  // A ping-pong waits for nobody; the progress thread and callbacks on it
+  // An answer waits for nobody; the progress thread and callbacks on it
   // transmit at once (no later poll of theirs to count on).
-  if (limit == 0 || ping_pong || !back_to_back || engine_->OnProgressThread() ||
+  if (limit == 0 || answer || !back_to_back || engine_->OnProgressThread() ||
       coalesced_octets_ + octets >= limit) {
     coalesced_octets_ = 0;
     return false;

@@ -297,8 +297,8 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   bool PollMayWait(const CompletionQueue& polled) override;
   // Transmits the posts PostSendList left for the next poll.
   void FlushOwedTx() override;
-  // Back-to-back posts (no poll of either CQ since the previous post, not a
-  // ping-pong) leave their transmit to the next poll of either CQ, to
+  // Back-to-back posts (no poll of either CQ since the previous post, and
+  // nothing received since: not an answer) leave their transmit to the next poll of either CQ, to
   // ibv_req_notify_cq, to a post that brings the waiting octets to
   // EngineConfig::tx_coalesce_octets, or at the latest to a timer of
   // kTxCoalesceDelay on the progress thread; the first post after a poll
@@ -344,7 +344,8 @@ class Qp final : public std::enable_shared_from_this<Qp>,
                           bool all_or_nothing);
   // Whether the transmit of `posted` (just queued, queue_mutex_ held) waits
   // for what follows: see kTxCoalesceDelay.
-  bool CoalesceTx(std::span<const SendWorkRequest> posted, bool ping_pong);
+  // `answer`: something came in since the previous post.
+  bool CoalesceTx(std::span<const SendWorkRequest> posted, bool answer);
 
   // One send WR from post to completion. Fields are written under
   // queue_mutex_ (the WR record only at post time).
