@@ -524,8 +524,9 @@ PostStatus Qp::PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* p
 
 bool Qp::CoalesceTx(std::span<const SendWorkRequest> posted, bool answer) {
   const std::size_t limit = engine_->tx_coalesce_octets();
-  const std::uint64_t polls =
-      config_.send_cq->polls() + (config_.recv_cq != config_.send_cq ? config_.recv_cq->polls() : 0);
+  const std::uint64_t recv_polls =
+      config_.recv_cq != config_.send_cq ? config_.recv_cq->polls() : 0;
+  const std::uint64_t polls = config_.send_cq->polls() + recv_polls;
   const bool back_to_back = polls == polls_at_post_;
   polls_at_post_ = polls;
   std::uint64_t octets = 0;
