@@ -923,6 +923,7 @@ class TxCoalesceTest : public ::testing::Test {
     src_.Fill(11);
     lkey_ = src_.Register(a_.memory(), a_.pd, AccessFlags::kLocalWrite);
     rkey_ = dst_.Register(b_.memory(), b_.pd, kAllRemote);
+    PostRecv(b_, 99, fence_in_, fence_in_.Register(b_.memory(), b_.pd, AccessFlags::kLocalWrite));
   }
   static NodeOptions OptionsWith(std::size_t coalesce) {
     NodeOptions o;
@@ -938,12 +939,22 @@ class TxCoalesceTest : public ::testing::Test {
     ASSERT_EQ(a_.qp->PostSend(wr), PostStatus::kOk);
   }
   std::uint64_t Sendmsgs() const { return a_.qp->Counters().tx_syscalls; }
+  // Posts an unsignaled Send behind the Writes (after a poll of a's CQ, so
+  // it goes at once, unless `poll_first` is false) and waits until b
+  // received it: the Writes before it are placed (RFC 5040 5.5 ordering).
+  bool FenceArrived(bool poll_first = true) {
+    if (poll_first) a_.send_cq->Poll({});
+    SendWorkRequest wr = MakeSend(100, SendOpcode::kSend, 0);
+    if (a_.qp->PostSend(wr) != PostStatus::kOk) return false;
+    return WaitCompletions(*b_.recv_cq, 1).size() == 1;
+  }
   bool AllPlaced() { return SameBytes(dst_.data(), src_.data(), kPiece * kPosts); }
 
   Node a_;
   Node b_;
   Buffer src_;
   Buffer dst_;
+  Buffer fence_in_{8};
   std::uint32_t lkey_ = 0;
   std::uint32_t rkey_ = 0;
 };
@@ -970,7 +981,8 @@ TEST_F(TxCoalesceTest, PostsAfterTheFirstWaitForThePollAndShareOneSendmsg) {
   EXPECT_TRUE(blocker.blocked());
   EXPECT_EQ(Sendmsgs(), before + 2);
   EXPECT_EQ(WaitCompletions(*a_.send_cq, kPosts).size(), kPosts);
-  EXPECT_TRUE(WaitUntil([&] { return AllPlaced(); }));
+  ASSERT_TRUE(FenceArrived());
+  EXPECT_TRUE(AllPlaced());
 }
 
 // ibv_req_notify_cq: the application is about to sleep; nothing waits.
@@ -982,7 +994,8 @@ TEST_F(TxCoalesceTest, ArmingTheCqTransmitsWhatWaits) {
   EXPECT_EQ(Sendmsgs(), before + 1);
   a_.send_cq->Arm(CqArm::kNextCompletion);
   EXPECT_EQ(Sendmsgs(), before + 2);
-  EXPECT_TRUE(WaitUntil([&] { return AllPlaced(); }));
+  ASSERT_TRUE(FenceArrived());
+  EXPECT_TRUE(AllPlaced());
 }
 
 // A poll between two posts: the second transmits at once too.
@@ -993,15 +1006,18 @@ TEST_F(TxCoalesceTest, APostAfterAPollTransmitsAtOnce) {
   }
   EXPECT_EQ(a_.qp->coalesced_posts(), 0u);
   EXPECT_EQ(WaitCompletions(*a_.send_cq, kPosts).size(), kPosts);
-  EXPECT_TRUE(WaitUntil([&] { return AllPlaced(); }));
+  ASSERT_TRUE(FenceArrived());
+  EXPECT_TRUE(AllPlaced());
 }
 
 // An application that never polls a again: the progress thread's timer
 // sends what waits (Qp::kTxCoalesceDelay).
 TEST_F(TxCoalesceTest, WithoutAnotherPollTheProgressThreadTransmits) {
   for (std::size_t i = 0; i < kPosts; ++i) PostWrite(i);
-  EXPECT_EQ(a_.qp->coalesced_posts(), kPosts - 1);
-  EXPECT_TRUE(WaitUntil([&] { return AllPlaced(); }));
+  // The fence is back to back too: it waits with the Writes.
+  ASSERT_TRUE(FenceArrived(/*poll_first=*/false));
+  EXPECT_EQ(a_.qp->coalesced_posts(), kPosts);
+  EXPECT_TRUE(AllPlaced());
   EXPECT_TRUE(WaitUntil([&] { return a_.send_cq->size() == kPosts; }));
 }
 
@@ -1025,7 +1041,8 @@ TEST_F(TxCoalesceTest, APostReachingTheLimitTransmits) {
   // waiting octets over the limit and sends both.
   EXPECT_EQ(a_.qp->coalesced_posts(), 1u);
   EXPECT_EQ(PollProgressFor(*a_.send_cq, 3).size(), 3u);
-  EXPECT_TRUE(WaitUntil([&] { return SameBytes(sink.data(), big.data(), 3 * kLarge); }));
+  ASSERT_TRUE(FenceArrived());
+  EXPECT_TRUE(SameBytes(sink.data(), big.data(), 3 * kLarge));
 }
 
 // SIWX_TX_COALESCE_KIB=0: every post transmits at once, as before.
@@ -1036,7 +1053,8 @@ TEST_F(TxCoalesceOffTest, EveryPostTransmitsAtOnce) {
   for (std::size_t i = 0; i < kPosts; ++i) PostWrite(i);
   EXPECT_EQ(a_.qp->coalesced_posts(), 0u);
   EXPECT_EQ(Sendmsgs(), before + kPosts);
-  EXPECT_TRUE(WaitUntil([&] { return AllPlaced(); }));
+  ASSERT_TRUE(FenceArrived());
+  EXPECT_TRUE(AllPlaced());
 }
 
 }  // namespace
