@@ -177,6 +177,8 @@ PushStatus CompletionQueue::Push(const WorkCompletion& wc, bool solicited) {
 }
 
 std::size_t CompletionQueue::Poll(std::span<WorkCompletion> out) {
+  polls_.fetch_add(1, std::memory_order_relaxed);
+  if (tx_owed_.load(std::memory_order_relaxed)) FlushOwedTx();
   // Lock-free fast path: a Push racing with this load is simply ordered after
   // this Poll, which is what a caller polling an empty CQ can observe anyway.
   if (out.empty() || count_.load(std::memory_order_acquire) == 0) return 0;
@@ -255,6 +257,17 @@ std::size_t CompletionQueue::PollWithProgress(std::span<WorkCompletion> out) {
   n = Poll(out);
   if (n > 0) tls_empty_polls = 0;
   return n;
+}
+
+void CompletionQueue::FlushOwedTx() {
+  // Not from inside a driver's turn (a callback): the next poll does it.
+  if (tls_driving) return;
+  std::unique_lock lock(drivers_mutex_, std::try_to_lock);
+  if (!lock.owns_lock()) return;  // another thread drives; it or the next poll flushes
+  if (!tx_owed_.exchange(false, std::memory_order_acq_rel)) return;
+  tls_driving = true;
+  for (PollDriver* driver : drivers_) driver->FlushOwedTx();
+  tls_driving = false;
 }
 
 void CompletionQueue::WaitForPush() {

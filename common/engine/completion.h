@@ -141,6 +141,8 @@ class PollDriver {
   // would complete anything on `polled`, so every completion it can still
   // get is pushed by another thread (which ends the wait). Default: never.
   virtual bool PollMayWait(const CompletionQueue& /*polled*/) { return false; }
+  // Transmits what posts left for the next poll (CompletionQueue::NoteTxOwed).
+  virtual void FlushOwedTx() {}
 };
 
 enum class PushStatus : std::uint8_t {
@@ -223,6 +225,14 @@ class CompletionQueue {
     return poll_wait_timeouts_.load(std::memory_order_relaxed);
   }
 
+  // A driver left posted work untransmitted until the next poll of this CQ
+  // (Qp::PostSendList coalesces back-to-back posts): the next Poll, on any
+  // thread, first has every driver transmit it (PollDriver::FlushOwedTx).
+  void NoteTxOwed() { tx_owed_.store(true, std::memory_order_release); }
+  // Poll calls so far (any thread): a post that sees no change since the
+  // previous one follows it back to back.
+  std::uint64_t polls() const { return polls_.load(std::memory_order_relaxed); }
+
   // Drivers, normally the QPs that complete work here. AddDriver ignores a
   // driver already present. RemoveDriver returns once no thread is inside
   // that driver's turn any more; not from inside a driver.
@@ -256,6 +266,8 @@ class CompletionQueue {
   // Wakes the waiters if the ring holds anything (WakeDeferred).
   void WakeWaitersIfQueued();
   void WakeWaiters();
+  // Poll: the drivers' owed transmits (NoteTxOwed).
+  void FlushOwedTx();
 
   const std::uint32_t capacity_;
   const Callbacks callbacks_;
@@ -280,6 +292,8 @@ class CompletionQueue {
   std::mutex drivers_mutex_;
   std::vector<PollDriver*> drivers_;  // guarded by drivers_mutex_
   std::size_t next_driver_ = 0;       // guarded by drivers_mutex_; next to drive
+  std::atomic<bool> tx_owed_{false};
+  std::atomic<std::uint64_t> polls_{0};
 };
 
 }  // namespace siwx::engine

@@ -78,6 +78,12 @@ inline constexpr std::chrono::milliseconds kDefaultTeardownTimeout{10000};
 // Longest progress_spin (SIWX_PROGRESS_SPIN_US).
 inline constexpr std::chrono::microseconds kMaxProgressSpin{1000};
 
+// Posts made back to back (no poll of the QP's CQs in between) are sent
+// together, in one sendmsg, up to this many payload octets
+// (SIWX_TX_COALESCE_KIB; Qp::PostSendList, docs/performance-notes.md 3.13).
+inline constexpr std::size_t kDefaultTxCoalesceOctets = std::size_t{1} << 20;
+inline constexpr std::size_t kMaxTxCoalesceOctets = std::size_t{16} << 20;
+
 struct EngineConfig {
   MemoryTable::Options memory;
   AsyncEventCallback on_async_event;  // called on the thread that found the event
@@ -93,6 +99,10 @@ struct EngineConfig {
   // sleeps while it answers a Read ping-pong itself (responder_spin.h; 0:
   // never). Not a setting; tests lengthen it.
   std::chrono::microseconds responder_spin = ResponderSpin::kDefaultMax;
+  // Up to how many payload octets of back-to-back posts wait for the next
+  // poll, a larger post or a short timer instead of one sendmsg each (0:
+  // every post transmits at once). Wire octets are the same either way.
+  std::size_t tx_coalesce_octets = kDefaultTxCoalesceOctets;
 };
 
 enum class CreateQpStatus : std::uint8_t {
@@ -182,6 +192,7 @@ class Engine {
     if (OnProgressThread()) responder_spin_.OnReadRequest(size, outstanding);
   }
   std::chrono::milliseconds teardown_timeout() const { return config_.teardown_timeout; }
+  std::size_t tx_coalesce_octets() const { return config_.tx_coalesce_octets; }
   // Submits and waits until it ran, unless on the progress thread or the
   // engine is stopping (then it only submits).
   void SubmitAndWait(Command command);

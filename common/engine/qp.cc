@@ -424,6 +424,7 @@ PostStatus Qp::PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* p
   // Nor is a QP quiet that posts: the quiet time starts again.
   quiet_mark_.store(~std::uint64_t{0}, std::memory_order_relaxed);
   bool alone = false;  // a ping-pong post (placement)
+  bool coalesce = false;  // transmit later, with the posts that follow
   if (destroyed_.load(std::memory_order_acquire)) {
     status = PostStatus::kInvalidState;
   } else {
@@ -485,8 +486,13 @@ PostStatus Qp::PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* p
     // A ping-pong: nothing else in the SQ, and something came in since the
     // last post (a sender streaming into an idle SQ hears nothing back).
     const std::uint64_t fpdus_in = counters_.rx_fpdus.load(std::memory_order_relaxed);
-    alone = count > 0 && sq_.size() == count && fpdus_in != rx_fpdus_at_post_;
+    const bool answer = fpdus_in != rx_fpdus_at_post_;
+    alone = count > 0 && sq_.size() == count && answer;
     if (count > 0) rx_fpdus_at_post_ = fpdus_in;
+    // Something came in since the last post: maybe the post answers it (a
+    // ping-pong whose earlier unsignaled WRs are still in the SQ), so it
+    // transmits at once.
+    if (count > 0) coalesce = CoalesceTx(wrs.first(count), answer);
   }
   if (posted != nullptr) *posted = count;
   if (flushed) RetireSq();
@@ -499,8 +505,45 @@ PostStatus Qp::PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* p
       engine_->ClearApplicationCpu();
     }
   }
-  if (count > 0) KickTx();
+  if (coalesce) {
+    coalesced_posts_.fetch_add(1, std::memory_order_relaxed);
+    tx_owed_.store(true, std::memory_order_release);
+    config_.send_cq->NoteTxOwed();
+    if (config_.recv_cq != config_.send_cq) config_.recv_cq->NoteTxOwed();
+    // Nobody may poll again (an application that waits for something
+    // else): the progress thread transmits it soon in any case.
+    if (!tx_owed_timer_.exchange(true, std::memory_order_acq_rel)) {
+      engine_->ScheduleTimer(shared_from_this(),
+                             std::chrono::steady_clock::now() + kTxCoalesceDelay);
+    }
+  } else if (count > 0) {
+    KickTx();
+  }
   return status;
+}
+
+bool Qp::CoalesceTx(std::span<const SendWorkRequest> posted, bool answer) {
+  const std::size_t limit = engine_->tx_coalesce_octets();
+  const std::uint64_t recv_polls =
+      config_.recv_cq != config_.send_cq ? config_.recv_cq->polls() : 0;
+  const std::uint64_t polls = config_.send_cq->polls() + recv_polls;
+  const bool back_to_back = polls == polls_at_post_;
+  polls_at_post_ = polls;
+  std::uint64_t octets = 0;
+  for (const SendWorkRequest& wr : posted) octets += wr.total_length();
+  // An answer waits for nobody; the progress thread and callbacks on it
+  // transmit at once (no later poll of theirs to count on).
+  if (limit == 0 || answer || !back_to_back || engine_->OnProgressThread() ||
+      coalesced_octets_ + octets >= limit) {
+    coalesced_octets_ = 0;
+    return false;
+  }
+  coalesced_octets_ += octets;
+  return true;
+}
+
+void Qp::FlushOwedTx() {
+  if (tx_owed_.exchange(false, std::memory_order_acq_rel)) KickTx();
 }
 
 Qp::SqEntry* Qp::StoreSendRecord(std::uint64_t seq, const SendWorkRequest& wr) {
@@ -1070,6 +1113,7 @@ void Qp::FlushReceives() {
 }
 
 void Qp::OnTimer(std::chrono::steady_clock::time_point now) {
+  if (tx_owed_timer_.exchange(false, std::memory_order_acq_rel)) FlushOwedTx();
   if (detached_ || !attached_) return;
   bool lease_ended = false;
   std::optional<std::chrono::steady_clock::time_point> lease_next;
@@ -1252,6 +1296,8 @@ bool Qp::PollMayWait(const CompletionQueue& /*polled*/) {
 }
 
 void Qp::OnCqArmed(const CompletionQueue& /*cq*/) {
+  // The application is about to sleep: nothing it posted may wait.
+  FlushOwedTx();
   if (read_lease_until_.load(std::memory_order_relaxed) != 0) EndReadLease();
 }
 

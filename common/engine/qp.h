@@ -295,6 +295,21 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // nor a sink (it sends a message per message received), so its polls
   // never wait.
   bool PollMayWait(const CompletionQueue& polled) override;
+  // Transmits the posts PostSendList left for the next poll.
+  void FlushOwedTx() override;
+  // Back-to-back posts (no poll of either CQ since the previous post, and
+  // nothing received since: not an answer) leave their transmit to the next poll of either CQ, to
+  // ibv_req_notify_cq, to a post that brings the waiting octets to
+  // EngineConfig::tx_coalesce_octets, or at the latest to a timer of
+  // kTxCoalesceDelay on the progress thread; the first post after a poll
+  // transmits at once. One sendmsg then carries many WRs: on loopback a
+  // 64 KiB write per sendmsg reached about a third of what 1 MiB writes
+  // do (docs/performance-notes.md 3.13).
+  static constexpr std::chrono::milliseconds kTxCoalesceDelay{1};
+  // Posts whose transmit waited for one of the above (tests).
+  std::uint64_t coalesced_posts() const {
+    return coalesced_posts_.load(std::memory_order_relaxed);
+  }
   // Long against a connection's setup: perftest exchanges its keys over a
   // QP, then the client connects again at once while the server re-listens;
   // with 1 ms the server's first poll slept through the quiet start, woke
@@ -327,6 +342,10 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // all_or_nothing all of them or none.
   PostStatus PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* posted,
                           bool all_or_nothing);
+  // Whether the transmit of `posted` (just queued, queue_mutex_ held) waits
+  // for what follows: see kTxCoalesceDelay.
+  // `answer`: something came in since the previous post.
+  bool CoalesceTx(std::span<const SendWorkRequest> posted, bool answer);
 
   // One send WR from post to completion. Fields are written under
   // queue_mutex_ (the WR record only at post time).
@@ -562,6 +581,15 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   std::atomic<std::uint64_t> sink_mark_{0};
   std::atomic<std::uint64_t> sink_mark_before_{0};
   std::atomic<bool> sink_{false};
+  // Transmit coalescing (PostSendList): the CQs' poll count at the last
+  // post, and the payload octets posted since the last transmit (both
+  // guarded by queue_mutex_); whether a transmit is owed, and whether the
+  // fallback timer is pending.
+  std::uint64_t polls_at_post_ = ~std::uint64_t{0};
+  std::uint64_t coalesced_octets_ = 0;
+  std::atomic<bool> tx_owed_{false};
+  std::atomic<bool> tx_owed_timer_{false};
+  std::atomic<std::uint64_t> coalesced_posts_{0};
   // Polling thread: true once no read has returned data for
   // kQuietBeforePollWait, as far as the polls can tell, or while the QP is
   // a sink: kSinkOctets came in since its last PostSend, or between its

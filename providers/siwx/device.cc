@@ -87,6 +87,18 @@ std::chrono::microseconds ProgressSpin() {
   return spin;
 }
 
+// SIWX_TX_COALESCE_KIB (README, Configuration), read once per process: up to
+// how many KiB of back-to-back posts share one sendmsg (engine::EngineConfig;
+// 0: every post transmits at once).
+std::size_t TxCoalesceOctets() {
+  static const std::size_t octets =
+      static_cast<std::size_t>(NumericSetting(
+          "SIWX_TX_COALESCE_KIB", 0, static_cast<long>(engine::kMaxTxCoalesceOctets >> 10),
+          static_cast<long>(engine::kDefaultTxCoalesceOctets >> 10), "KiB"))
+      << 10;
+  return octets;
+}
+
 // SIWX_RESPONDER_SPIN_US (README, Configuration), read once per process: how
 // long the progress thread may poll before it sleeps while it answers small
 // Read Requests itself (engine/responder_spin.h; 0: never).
@@ -203,6 +215,7 @@ verbs_context* AllocContext(ibv_device* ibdev, int cmd_fd, void* /*private_data*
       config.teardown_timeout = TeardownTimeout();
       config.progress_spin = ProgressSpin();
       config.responder_spin = ResponderSpin();
+      config.tx_coalesce_octets = TxCoalesceOctets();
       config.progress_affinity = ProgressAffinity();
       errno = 0;
       state->engine = engine::Engine::Create(std::move(config));

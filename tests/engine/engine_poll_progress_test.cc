@@ -909,5 +909,153 @@ TEST_F(PollProgressTest, SinkStaysASinkAfterTwoPostsCloseTogether) {
   EXPECT_EQ(b_.qp->poll_receive_turns(), turns);
 }
 
+// ---- Back-to-back posts share one sendmsg (Qp::PostSendList,
+// SIWX_TX_COALESCE_KIB; docs/performance-notes.md 3.13) ----
+
+class TxCoalesceTest : public ::testing::Test {
+ protected:
+  static constexpr std::uint32_t kPiece = 256;
+  static constexpr std::size_t kPosts = 8;
+
+  explicit TxCoalesceTest(std::size_t coalesce = kDefaultTxCoalesceOctets)
+      : a_(OptionsWith(coalesce)), src_(kPiece * kPosts), dst_(kPiece * kPosts) {
+    Link(a_, b_, Transport::kTcp, {});
+    src_.Fill(11);
+    lkey_ = src_.Register(a_.memory(), a_.pd, AccessFlags::kLocalWrite);
+    rkey_ = dst_.Register(b_.memory(), b_.pd, kAllRemote);
+    PostRecv(b_, 99, fence_in_, fence_in_.Register(b_.memory(), b_.pd, AccessFlags::kLocalWrite));
+  }
+  static NodeOptions OptionsWith(std::size_t coalesce) {
+    NodeOptions o;
+    o.tx_coalesce_octets = coalesce;
+    return o;
+  }
+  // Piece i of src_ to piece i of dst_, signaled.
+  void PostWrite(std::size_t i) {
+    SendWorkRequest wr = MakeSend(i, SendOpcode::kRdmaWrite);
+    AddSge(wr, src_.addr() + i * kPiece, kPiece, lkey_);
+    wr.rkey = rkey_;
+    wr.remote_addr = dst_.addr() + i * kPiece;
+    ASSERT_EQ(a_.qp->PostSend(wr), PostStatus::kOk);
+  }
+  std::uint64_t Sendmsgs() const { return a_.qp->Counters().tx_syscalls; }
+  // Posts an unsignaled Send behind the Writes (after a poll of a's CQ, so
+  // it goes at once, unless `poll_first` is false) and waits until b
+  // received it: the Writes before it are placed (RFC 5040 5.5 ordering).
+  bool FenceArrived(bool poll_first = true) {
+    if (poll_first) a_.send_cq->Poll({});
+    SendWorkRequest wr = MakeSend(100, SendOpcode::kSend, 0);
+    if (a_.qp->PostSend(wr) != PostStatus::kOk) return false;
+    return WaitCompletions(*b_.recv_cq, 1).size() == 1;
+  }
+  bool AllPlaced() { return SameBytes(dst_.data(), src_.data(), kPiece * kPosts); }
+
+  Node a_;
+  Node b_;
+  Buffer src_;
+  Buffer dst_;
+  Buffer fence_in_{8};
+  std::uint32_t lkey_ = 0;
+  std::uint32_t rkey_ = 0;
+};
+
+class TxCoalesceOffTest : public TxCoalesceTest {
+ protected:
+  TxCoalesceOffTest() : TxCoalesceTest(0) {}
+};
+
+// With a's progress thread held (so its timer cannot transmit), the first
+// post goes out at once on the posting thread and the seven after it wait
+// for the next poll of a's CQ, which sends them in one sendmsg.
+TEST_F(TxCoalesceTest, PostsAfterTheFirstWaitForThePollAndShareOneSendmsg) {
+  ProgressThreadBlocker blocker(a_, b_.engine);
+  ASSERT_TRUE(blocker.Block());
+  const std::uint64_t before = Sendmsgs();
+  PostWrite(0);
+  EXPECT_EQ(Sendmsgs(), before + 1);
+  for (std::size_t i = 1; i < kPosts; ++i) PostWrite(i);
+  EXPECT_EQ(a_.qp->coalesced_posts(), kPosts - 1);
+  EXPECT_EQ(Sendmsgs(), before + 1);
+  // A poll, even one that asks for nothing, transmits what waits.
+  a_.send_cq->Poll({});
+  EXPECT_TRUE(blocker.blocked());
+  EXPECT_EQ(Sendmsgs(), before + 2);
+  EXPECT_EQ(WaitCompletions(*a_.send_cq, kPosts).size(), kPosts);
+  ASSERT_TRUE(FenceArrived());
+  EXPECT_TRUE(AllPlaced());
+}
+
+// ibv_req_notify_cq: the application is about to sleep; nothing waits.
+TEST_F(TxCoalesceTest, ArmingTheCqTransmitsWhatWaits) {
+  ProgressThreadBlocker blocker(a_, b_.engine);
+  ASSERT_TRUE(blocker.Block());
+  const std::uint64_t before = Sendmsgs();
+  for (std::size_t i = 0; i < kPosts; ++i) PostWrite(i);
+  EXPECT_EQ(Sendmsgs(), before + 1);
+  a_.send_cq->Arm(CqArm::kNextCompletion);
+  EXPECT_EQ(Sendmsgs(), before + 2);
+  ASSERT_TRUE(FenceArrived());
+  EXPECT_TRUE(AllPlaced());
+}
+
+// A poll between two posts: the second transmits at once too.
+TEST_F(TxCoalesceTest, APostAfterAPollTransmitsAtOnce) {
+  for (std::size_t i = 0; i < kPosts; ++i) {
+    a_.send_cq->Poll({});
+    PostWrite(i);
+  }
+  EXPECT_EQ(a_.qp->coalesced_posts(), 0u);
+  EXPECT_EQ(WaitCompletions(*a_.send_cq, kPosts).size(), kPosts);
+  ASSERT_TRUE(FenceArrived());
+  EXPECT_TRUE(AllPlaced());
+}
+
+// An application that never polls a again: the progress thread's timer
+// sends what waits (Qp::kTxCoalesceDelay).
+TEST_F(TxCoalesceTest, WithoutAnotherPollTheProgressThreadTransmits) {
+  for (std::size_t i = 0; i < kPosts; ++i) PostWrite(i);
+  // The fence is back to back too: it waits with the Writes.
+  ASSERT_TRUE(FenceArrived(/*poll_first=*/false));
+  EXPECT_EQ(a_.qp->coalesced_posts(), kPosts);
+  EXPECT_TRUE(AllPlaced());
+  EXPECT_TRUE(WaitUntil([&] { return a_.send_cq->size() == kPosts; }));
+}
+
+// The octets that may wait are bounded: a post that would bring them to
+// the limit transmits, with those before it.
+TEST_F(TxCoalesceTest, APostReachingTheLimitTransmits) {
+  constexpr std::size_t kLarge = kDefaultTxCoalesceOctets / 2 + 4096;
+  Buffer big(3 * kLarge);
+  big.Fill(5);
+  Buffer sink(3 * kLarge);
+  const std::uint32_t lkey = big.Register(a_.memory(), a_.pd, AccessFlags::kLocalWrite);
+  const std::uint32_t rkey = sink.Register(b_.memory(), b_.pd, kAllRemote);
+  for (std::size_t i = 0; i < 3; ++i) {
+    SendWorkRequest wr = MakeSend(i, SendOpcode::kRdmaWrite);
+    AddSge(wr, big.addr() + i * kLarge, static_cast<std::uint32_t>(kLarge), lkey);
+    wr.rkey = rkey;
+    wr.remote_addr = sink.addr() + i * kLarge;
+    ASSERT_EQ(a_.qp->PostSend(wr), PostStatus::kOk);
+  }
+  // The first at once, the second waits, the third would bring the
+  // waiting octets over the limit and sends both.
+  EXPECT_EQ(a_.qp->coalesced_posts(), 1u);
+  EXPECT_EQ(PollProgressFor(*a_.send_cq, 3).size(), 3u);
+  ASSERT_TRUE(FenceArrived());
+  EXPECT_TRUE(SameBytes(sink.data(), big.data(), 3 * kLarge));
+}
+
+// SIWX_TX_COALESCE_KIB=0: every post transmits at once, as before.
+TEST_F(TxCoalesceOffTest, EveryPostTransmitsAtOnce) {
+  ProgressThreadBlocker blocker(a_, b_.engine);
+  ASSERT_TRUE(blocker.Block());
+  const std::uint64_t before = Sendmsgs();
+  for (std::size_t i = 0; i < kPosts; ++i) PostWrite(i);
+  EXPECT_EQ(a_.qp->coalesced_posts(), 0u);
+  EXPECT_EQ(Sendmsgs(), before + kPosts);
+  ASSERT_TRUE(FenceArrived());
+  EXPECT_TRUE(AllPlaced());
+}
+
 }  // namespace
 }  // namespace siwx::engine::testing

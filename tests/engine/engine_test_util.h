@@ -207,6 +207,7 @@ struct NodeOptions {
   std::chrono::milliseconds teardown_timeout = kDefaultTeardownTimeout;  // own engine only
   ProgressAffinity progress_affinity = ProgressAffinity::kAway;           // own engine only
   std::chrono::microseconds responder_spin = ResponderSpin::kDefaultMax;  // own engine only
+  std::size_t tx_coalesce_octets = kDefaultTxCoalesceOctets;              // own engine only
   PdId pd = kNoPd;  // kNoPd: allocate one; else a PD of the shared engine
 };
 
@@ -219,6 +220,7 @@ struct Node {
       config.teardown_timeout = options.teardown_timeout;
       config.progress_affinity = options.progress_affinity;
       config.responder_spin = options.responder_spin;
+      config.tx_coalesce_octets = options.tx_coalesce_octets;
       own_engine = Engine::Create(std::move(config));
       engine = own_engine.get();
     } else {
