@@ -156,6 +156,7 @@ PushStatus CompletionQueue::Push(const WorkCompletion& wc, bool solicited) {
       if (arm_ == CqArm::kNextCompletion ||
           (arm_ == CqArm::kSolicited && counts_as_solicited)) {
         arm_ = CqArm::kNone;  // one notification per arm
+        armed_.store(false, std::memory_order_relaxed);
         notify = true;
       }
     }
@@ -304,6 +305,7 @@ void CompletionQueue::Arm(CqArm arm) {
   {
     std::lock_guard lock(mutex_);
     if (arm == CqArm::kNone || arm > arm_) arm_ = arm;  // widen, never narrow
+    armed_.store(arm_ != CqArm::kNone, std::memory_order_relaxed);
   }
   // A callback inside a driver's turn may hold drivers_mutex_ already (on
   // this thread): it skips, and a lease it does not return ends by itself

@@ -257,6 +257,9 @@ class CompletionQueue {
   std::size_t size() const { return count_.load(std::memory_order_acquire); }
   bool in_error() const { return in_error_.load(std::memory_order_acquire); }
   CqArm arm() const;
+  // Lock-free look at the arm, for a post deciding whether it may wait for
+  // a poll (Qp::CoalesceTx): an armed CQ's application sleeps instead.
+  bool armed() const { return armed_.load(std::memory_order_relaxed); }
 
  private:
   CompletionQueue(std::uint32_t capacity, Callbacks callbacks);
@@ -276,6 +279,7 @@ class CompletionQueue {
   std::vector<WorkCompletion> ring_;  // guarded by mutex_; capacity_ entries
   std::uint32_t head_ = 0;            // guarded by mutex_; oldest entry
   CqArm arm_ = CqArm::kNone;          // guarded by mutex_
+  std::atomic<bool> armed_{false};     // arm_ != kNone, written under mutex_
   std::atomic<std::size_t> count_{0};  // written under mutex_
   std::atomic<bool> in_error_{false};  // written under mutex_
   // PollWithProgress's bounded wait: waiters sleep on `pushed_` (with

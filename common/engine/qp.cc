@@ -532,8 +532,12 @@ bool Qp::CoalesceTx(std::span<const SendWorkRequest> posted, bool answer) {
   std::uint64_t octets = 0;
   for (const SendWorkRequest& wr : posted) octets += wr.total_length();
   // An answer waits for nobody; the progress thread and callbacks on it
-  // transmit at once (no later poll of theirs to count on).
-  if (limit == 0 || answer || !back_to_back || engine_->OnProgressThread() ||
+  // transmit at once (no later poll of theirs to count on), and so does an
+  // application that armed a CQ before posting: it will sleep on the
+  // completion channel, not poll (ibv_req_notify_cq, then posts, then
+  // ibv_get_cq_event).
+  const bool armed = config_.send_cq->armed() || config_.recv_cq->armed();
+  if (limit == 0 || answer || !back_to_back || armed || engine_->OnProgressThread() ||
       coalesced_octets_ + octets >= limit) {
     coalesced_octets_ = 0;
     return false;

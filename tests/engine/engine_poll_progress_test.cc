@@ -998,6 +998,23 @@ TEST_F(TxCoalesceTest, ArmingTheCqTransmitsWhatWaits) {
   EXPECT_TRUE(AllPlaced());
 }
 
+// Armed before the posts (ibv_req_notify_cq on the receive CQ, posts,
+// ibv_get_cq_event for the answer): the application sleeps on the channel
+// and polls nothing, so no post waits. (An armed send CQ disarms at the
+// first Write's completion, whose notification wakes the application.)
+TEST_F(TxCoalesceTest, PostsOnAnArmedCqTransmitAtOnce) {
+  ASSERT_NE(a_.recv_cq.get(), a_.send_cq.get());
+  ProgressThreadBlocker blocker(a_, b_.engine);
+  ASSERT_TRUE(blocker.Block());
+  a_.recv_cq->Arm(CqArm::kNextCompletion);
+  const std::uint64_t before = Sendmsgs();
+  for (std::size_t i = 0; i < kPosts; ++i) PostWrite(i);
+  EXPECT_EQ(a_.qp->coalesced_posts(), 0u);
+  EXPECT_EQ(Sendmsgs(), before + kPosts);
+  ASSERT_TRUE(FenceArrived());
+  EXPECT_TRUE(AllPlaced());
+}
+
 // A poll between two posts: the second transmits at once too.
 TEST_F(TxCoalesceTest, APostAfterAPollTransmitsAtOnce) {
   for (std::size_t i = 0; i < kPosts; ++i) {
