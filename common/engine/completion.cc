@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/engine/poll_wait_backoff.h"
+
 namespace siwx::engine {
 
 namespace {
@@ -228,7 +230,10 @@ std::size_t CompletionQueue::PollWithProgress(std::span<WorkCompletion> out) {
   const bool polls_only_this = tls_last_polled == this;
   tls_last_polled = this;
   std::size_t n = Poll(out);
-  if (n > 0) tls_empty_polls = 0;
+  if (n > 0) {
+    tls_empty_polls = 0;
+    ResetPollWait();
+  }
   if (n > 0 || out.empty() || tls_driving) return n;
   // Yield before the drivers' turns, so a thread that gets its CPU back
   // looks at the sockets at once.
@@ -254,9 +259,16 @@ std::size_t CompletionQueue::PollWithProgress(std::span<WorkCompletion> out) {
                            [this](PollDriver* d) { return d->PollMayWait(*this); });
     tls_driving = false;
   }
-  if (may_wait) WaitForPush();
+  if (may_wait) {
+    WaitForPush();
+  } else {
+    ResetPollWait();  // this thread could still make progress: it polls again soon
+  }
   n = Poll(out);
-  if (n > 0) tls_empty_polls = 0;
+  if (n > 0) {
+    tls_empty_polls = 0;
+    ResetPollWait();
+  }
   return n;
 }
 
@@ -271,8 +283,16 @@ void CompletionQueue::FlushOwedTx() {
   tls_driving = false;
 }
 
+void CompletionQueue::ResetPollWait() {
+  // A load first: the common case (nothing to reset) writes nothing shared.
+  if (next_poll_wait_us_.load(std::memory_order_relaxed) != poll_wait_.count()) {
+    next_poll_wait_us_.store(poll_wait_.count(), std::memory_order_relaxed);
+  }
+}
+
 void CompletionQueue::WaitForPush() {
-  const auto deadline = std::chrono::steady_clock::now() + poll_wait_;
+  const auto wait = next_poll_wait();
+  const auto deadline = std::chrono::steady_clock::now() + wait;
   std::unique_lock lock(mutex_);
   if (count_.load(std::memory_order_relaxed) > 0 || in_error_.load(std::memory_order_relaxed)) {
     return;
@@ -287,6 +307,11 @@ void CompletionQueue::WaitForPush() {
   });
   --waiters_;
   if (!pushed) poll_wait_timeouts_.fetch_add(1, std::memory_order_relaxed);
+  next_poll_wait_us_.store(
+      NextPollWait(poll_wait_, wait,
+                   pushed ? PollWaitOutcome::kActivity : PollWaitOutcome::kRanOut)
+          .count(),
+      std::memory_order_relaxed);
 }
 
 void CompletionQueue::AddDriver(PollDriver* driver) {

@@ -215,9 +215,19 @@ class CompletionQueue {
   // thread's EPOLLOUT moves it), the poll sleeps until the next Push or for
   // at most this long, instead of returning at once to a caller that would
   // spin. A Push ends the wait at once, so no completion is held back.
+  // A wait that runs out with nothing pushed doubles the next one, up to
+  // kMaxPollWait (poll_wait_backoff.h); a poll that returns entries, a wait
+  // that a Push ends, or an empty poll that may not wait go back to `wait`.
   // Set before the CQ is used.
-  void set_poll_wait(std::chrono::microseconds wait) { poll_wait_ = wait; }
+  void set_poll_wait(std::chrono::microseconds wait) {
+    poll_wait_ = wait;
+    next_poll_wait_us_.store(wait.count(), std::memory_order_relaxed);
+  }
   std::chrono::microseconds poll_wait() const { return poll_wait_; }
+  // How long the next wait may last (tests).
+  std::chrono::microseconds next_poll_wait() const {
+    return std::chrono::microseconds(next_poll_wait_us_.load(std::memory_order_relaxed));
+  }
   // How many polls waited, and how many of those waits ran out instead of
   // ending with a Push (for tests).
   std::uint64_t poll_waits() const { return poll_waits_.load(std::memory_order_relaxed); }
@@ -264,8 +274,10 @@ class CompletionQueue {
  private:
   CompletionQueue(std::uint32_t capacity, Callbacks callbacks);
   // PollWithProgress: sleeps until an entry is pushed (or the CQ fails), at
-  // most poll_wait_.
+  // most next_poll_wait(); then sets the next wait's length.
   void WaitForPush();
+  // Back to the configured wait (activity on the CQ).
+  void ResetPollWait();
   // Wakes the waiters if the ring holds anything (WakeDeferred).
   void WakeWaitersIfQueued();
   void WakeWaiters();
@@ -285,6 +297,9 @@ class CompletionQueue {
   // PollWithProgress's bounded wait: waiters sleep on `pushed_` (with
   // mutex_) and Push wakes them when the ring stops being empty.
   std::chrono::microseconds poll_wait_{0};
+  // The next wait's length in microseconds (NextPollWait); written by the
+  // polling threads only.
+  std::atomic<std::int64_t> next_poll_wait_us_{0};
   std::condition_variable pushed_;
   std::uint32_t waiters_ = 0;  // guarded by mutex_
   std::atomic<std::uint64_t> poll_waits_{0};

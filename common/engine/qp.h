@@ -291,7 +291,7 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // DriveFromPoll; the lease ends so the progress thread reads), and the
   // transmit side has nothing outstanding or waits for a full socket to
   // drain (write interest armed: the progress thread's EPOLLOUT moves it).
-  // A latency test's socket is never full, nor quiet for 100 ms,
+  // A latency test's socket is never full, nor quiet for 10 ms,
   // nor a sink (it sends a message per message received), so its polls
   // never wait.
   bool PollMayWait(const CompletionQueue& polled) override;
@@ -314,8 +314,11 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // QP, then the client connects again at once while the server re-listens;
   // with 1 ms the server's first poll slept through the quiet start, woke
   // a few tens of us later and 3 of 25 connects were refused
-  // (docs/performance-notes.md 3.6).
-  static constexpr std::chrono::milliseconds kQuietBeforePollWait{100};
+  // (docs/performance-notes.md 3.6). Short against a latency test: with
+  // 100 ms perftest's ib_read_lat server spun on its idle key-exchange CQ
+  // for all of a 5,000-iteration run, a third spinner on 2 vCPUs
+  // (performance-notes 3.11).
+  static constexpr std::chrono::milliseconds kQuietBeforePollWait{10};
   static constexpr std::uint64_t kSinkOctets = 4u << 20;
   static constexpr std::chrono::nanoseconds kEmptyPollBackoff{1000};
   // Until when polls take no receive turn (steady_clock ticks), and how many

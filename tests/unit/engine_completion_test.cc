@@ -2,9 +2,11 @@
 // Work completion records and the completion queue: ring order, overflow,
 // ibv_req_notify_cq arming, and concurrent producers.
 #include "common/engine/completion.h"
+#include "common/engine/poll_wait_backoff.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -490,6 +492,46 @@ TEST(CompletionQueuePollWait, NoWaitWhenADriverCanProgressOrWaitIsOff) {
   EXPECT_EQ(cq->poll_waits(), 0u);
   EXPECT_GT(ready.turns.load(), 0);
   cq->RemoveDriver(&ready);
+}
+
+// On a CQ where nothing arrives, each wait that runs out doubles the next
+// one up to kMaxPollWait (a poller on perftest's idle key-exchange CQ woke
+// every 50 us: docs/performance-notes.md 3.11); a returned entry or an
+// empty poll that may not wait brings back the configured length. Counts
+// waits, not time: a wait with nothing pushed always runs out.
+TEST(CompletionQueuePollWait, WaitsWithNothingPushedGrowAndActivityResetsThem) {
+  auto cq = CompletionQueue::Create(8, {});
+  FakeDriver driver;
+  cq->AddDriver(&driver);
+  const std::chrono::microseconds configured(1);
+  cq->set_poll_wait(configured);
+  std::array<WorkCompletion, 4> out;
+  OnFreshThread([&] {
+    ASSERT_EQ(cq->PollWithProgress(out), 0u);  // notes the CQ; no wait yet
+    std::chrono::microseconds expected = configured;
+    for (int i = 0; i < 14; ++i) {
+      EXPECT_EQ(cq->next_poll_wait(), expected) << "wait " << i;
+      ASSERT_EQ(cq->PollWithProgress(out), 0u);
+      expected = std::min(expected * 2, kMaxPollWait);
+    }
+    EXPECT_EQ(cq->poll_waits(), 14u);
+    EXPECT_EQ(cq->poll_wait_timeouts(), 14u);
+    EXPECT_EQ(cq->next_poll_wait(), kMaxPollWait);
+    // An entry returned: back to the configured wait.
+    ASSERT_EQ(cq->Push(Wc(7)), PushStatus::kOk);
+    ASSERT_EQ(cq->PollWithProgress(out), 1u);
+    EXPECT_EQ(cq->next_poll_wait(), configured);
+    ASSERT_EQ(cq->PollWithProgress(out), 0u);
+    ASSERT_EQ(cq->PollWithProgress(out), 0u);
+    EXPECT_EQ(cq->next_poll_wait(), configured * 4);
+    // The driver can make progress on this thread (it posted): no wait,
+    // and the next one is short again.
+    driver.may_wait = false;
+    ASSERT_EQ(cq->PollWithProgress(out), 0u);
+    EXPECT_EQ(cq->poll_waits(), 16u);
+    EXPECT_EQ(cq->next_poll_wait(), configured);
+  });
+  cq->RemoveDriver(&driver);
 }
 
 // A thread that polls two CQs in turn never sleeps on either: while it
