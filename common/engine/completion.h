@@ -266,11 +266,14 @@ class CompletionQueue {
   CqArm arm_ = CqArm::kNone;          // guarded by mutex_
   std::atomic<std::size_t> count_{0};  // written under mutex_
   std::atomic<bool> in_error_{false};  // written under mutex_
-  // PollWithProgress's bounded wait: waiters sleep on `pushed_` (with
-  // mutex_) and Push wakes them when the ring stops being empty.
+  // PollWithProgress's bounded wait: waiters sleep on the futex word
+  // `wake_seq_` and WakeWaiters bumps it and wakes them when the ring stops
+  // being empty. Not a condition variable: a woken waiter would take
+  // mutex_ again on its way out, and on 2 vCPUs a waiter preempted holding
+  // it stalled the progress thread's next Push (performance-notes 3.12).
   std::chrono::microseconds poll_wait_{0};
-  std::condition_variable pushed_;
-  std::uint32_t waiters_ = 0;  // guarded by mutex_
+  std::atomic<std::uint32_t> wake_seq_{0};
+  std::atomic<std::uint32_t> waiters_{0};  // raised under mutex_, lowered without
   std::atomic<std::uint64_t> poll_waits_{0};
   std::atomic<std::uint64_t> waiter_wakes_{0};
   std::atomic<std::uint64_t> poll_wait_timeouts_{0};
