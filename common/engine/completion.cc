@@ -236,6 +236,7 @@ std::size_t CompletionQueue::PollWithProgress(std::span<WorkCompletion> out) {
   // looks at the sockets at once.
   CountEmptyPoll();
   bool may_wait = false;
+  bool push_due = false;
   {
     std::unique_lock lock(drivers_mutex_, std::try_to_lock);
     if (!lock.owns_lock() || drivers_.empty()) return 0;
@@ -254,16 +255,19 @@ std::size_t CompletionQueue::PollWithProgress(std::span<WorkCompletion> out) {
                count_.load(std::memory_order_acquire) == 0 &&
                std::all_of(drivers_.begin(), drivers_.end(),
                            [this](PollDriver* d) { return d->PollMayWait(*this); });
+    push_due = may_wait && std::any_of(drivers_.begin(), drivers_.end(),
+                                       [](PollDriver* d) { return d->PollPushDue(); });
     tls_driving = false;
   }
-  if (may_wait) WaitForPush();
+  if (may_wait) WaitForPush(push_due ? std::max(poll_wait_, kPollWaitForDuePush) : poll_wait_);
   n = Poll(out);
   if (n > 0) tls_empty_polls = 0;
   return n;
 }
 
-void CompletionQueue::WaitForPush() {
-  const auto deadline = std::chrono::steady_clock::now() + poll_wait_;
+void CompletionQueue::WaitForPush(std::chrono::microseconds wait) {
+  if (wait > poll_wait_) long_poll_waits_.fetch_add(1, std::memory_order_relaxed);
+  const auto deadline = std::chrono::steady_clock::now() + wait;
   std::uint32_t seq = 0;
   {
     std::lock_guard lock(mutex_);

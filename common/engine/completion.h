@@ -141,6 +141,10 @@ class PollDriver {
   // would complete anything on `polled`, so every completion it can still
   // get is pushed by another thread (which ends the wait). Default: never.
   virtual bool PollMayWait(const CompletionQueue& /*polled*/) { return false; }
+  // Asked after PollMayWait said true: whether a push is under way, so the
+  // wait may last up to kPollWaitForDuePush (a bulk stream comes in that the
+  // progress thread reads, or a full socket drains). Default: never.
+  virtual bool PollPushDue() { return false; }
 };
 
 enum class PushStatus : std::uint8_t {
@@ -214,11 +218,20 @@ class CompletionQueue {
   // at most this long, instead of returning at once to a caller that would
   // spin. A Push ends the wait at once, so no completion is held back.
   // Set before the CQ is used.
+  // A wait where some driver says PollPushDue lasts up to
+  // kPollWaitForDuePush instead: the push that ends it is coming, and a
+  // 64 KiB Send receiver timed out 50 us waits several times per message,
+  // each a wake-up of its own (docs/performance-notes.md 3.12).
+  static constexpr std::chrono::microseconds kPollWaitForDuePush{1000};
   void set_poll_wait(std::chrono::microseconds wait) { poll_wait_ = wait; }
   std::chrono::microseconds poll_wait() const { return poll_wait_; }
   // How many polls waited, and how many of those waits ran out instead of
   // ending with a Push (for tests).
   std::uint64_t poll_waits() const { return poll_waits_.load(std::memory_order_relaxed); }
+  // Waits that lasted up to kPollWaitForDuePush (for tests).
+  std::uint64_t long_poll_waits() const {
+    return long_poll_waits_.load(std::memory_order_relaxed);
+  }
   std::uint64_t poll_wait_timeouts() const {
     return poll_wait_timeouts_.load(std::memory_order_relaxed);
   }
@@ -252,7 +265,7 @@ class CompletionQueue {
   CompletionQueue(std::uint32_t capacity, Callbacks callbacks);
   // PollWithProgress: sleeps until an entry is pushed (or the CQ fails), at
   // most poll_wait_.
-  void WaitForPush();
+  void WaitForPush(std::chrono::microseconds wait);
   // Wakes the waiters if the ring holds anything (WakeDeferred).
   void WakeWaitersIfQueued();
   void WakeWaiters();
@@ -277,6 +290,7 @@ class CompletionQueue {
   std::atomic<std::uint64_t> poll_waits_{0};
   std::atomic<std::uint64_t> waiter_wakes_{0};
   std::atomic<std::uint64_t> poll_wait_timeouts_{0};
+  std::atomic<std::uint64_t> long_poll_waits_{0};
 
   // Held by the driving thread for the whole turn, so RemoveDriver waits for
   // it; polling threads only try it.

@@ -1251,6 +1251,14 @@ bool Qp::PollMayWait(const CompletionQueue& /*polled*/) {
   return true;
 }
 
+bool Qp::PollPushDue() {
+  if (tx_blocked_.load(std::memory_order_relaxed)) return true;
+  return sink_.load(std::memory_order_relaxed) ||
+         counters_.rx_octets.load(std::memory_order_relaxed) -
+                 sink_mark_.load(std::memory_order_relaxed) >=
+             kSinkOctets;
+}
+
 void Qp::OnCqArmed(const CompletionQueue& /*cq*/) {
   if (read_lease_until_.load(std::memory_order_relaxed) != 0) EndReadLease();
 }
