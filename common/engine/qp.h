@@ -295,9 +295,9 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // nor a sink (it sends a message per message received), so its polls
   // never wait.
   bool PollMayWait(const CompletionQueue& polled) override;
-  // A push is under way: the socket is full (the progress thread's EPOLLOUT
-  // sends and completes), or the QP is a sink whose stream the progress
-  // thread reads (StreamLeftToProgress).
+  // A push is under way: the socket is full with WRs of ours in the SQ (the
+  // progress thread's EPOLLOUT sends and completes them), or the QP is a
+  // sink whose stream the progress thread reads (StreamLeftToProgress).
   bool PollPushDue() override;
   // Long against a connection's setup: perftest exchanges its keys over a
   // QP, then the client connects again at once while the server re-listens;
