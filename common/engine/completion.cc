@@ -7,7 +7,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <climits>
 
 #include <algorithm>
@@ -266,7 +265,6 @@ std::size_t CompletionQueue::PollWithProgress(std::span<WorkCompletion> out) {
 }
 
 void CompletionQueue::WaitForPush(std::chrono::microseconds wait) {
-  if (wait > poll_wait_) long_poll_waits_.fetch_add(1, std::memory_order_relaxed);
   const auto deadline = std::chrono::steady_clock::now() + wait;
   std::uint32_t seq = 0;
   {
@@ -281,6 +279,7 @@ void CompletionQueue::WaitForPush(std::chrono::microseconds wait) {
     seq = wake_seq_.load();
   }
   poll_waits_.fetch_add(1, std::memory_order_relaxed);
+  if (wait > poll_wait_) long_poll_waits_.fetch_add(1, std::memory_order_relaxed);
   bool pushed = false;
   for (;;) {
     const auto left = deadline - std::chrono::steady_clock::now();

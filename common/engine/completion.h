@@ -264,7 +264,7 @@ class CompletionQueue {
  private:
   CompletionQueue(std::uint32_t capacity, Callbacks callbacks);
   // PollWithProgress: sleeps until an entry is pushed (or the CQ fails), at
-  // most poll_wait_.
+  // most `wait`.
   void WaitForPush(std::chrono::microseconds wait);
   // Wakes the waiters if the ring holds anything (WakeDeferred).
   void WakeWaitersIfQueued();
@@ -281,9 +281,9 @@ class CompletionQueue {
   std::atomic<bool> in_error_{false};  // written under mutex_
   // PollWithProgress's bounded wait: waiters sleep on the futex word
   // `wake_seq_` and WakeWaiters bumps it and wakes them when the ring stops
-  // being empty. Not a condition variable: a woken waiter would take
-  // mutex_ again on its way out, and on 2 vCPUs a waiter preempted holding
-  // it stalled the progress thread's next Push (performance-notes 3.12).
+  // being empty. Not a condition variable: a woken waiter took mutex_ again
+  // on its way out, where the progress thread's next Push contended for it
+  // (half of a Send receiver's futex calls; performance-notes 3.12).
   std::chrono::microseconds poll_wait_{0};
   std::atomic<std::uint32_t> wake_seq_{0};
   std::atomic<std::uint32_t> waiters_{0};  // raised under mutex_, lowered without
