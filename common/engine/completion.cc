@@ -1,7 +1,13 @@
 // SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 #include "common/engine/completion.h"
 
+#include <linux/futex.h>
 #include <sched.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <climits>
 
 #include <algorithm>
 #include <atomic>
@@ -109,19 +115,17 @@ void CompletionQueue::WakeDeferred() {
 }
 
 void CompletionQueue::WakeWaitersIfQueued() {
-  {
-    std::lock_guard lock(mutex_);
-    if (waiters_ == 0 || (count_.load(std::memory_order_relaxed) == 0 &&
-                          !in_error_.load(std::memory_order_relaxed))) {
-      return;
-    }
-  }
+  // No mutex_: a waiter counts itself in waiters_ under mutex_ before it
+  // checks the ring, so a waiter that missed the Push behind this call is
+  // counted by now (and one that left meanwhile costs a spare wake-up).
+  if (waiters_.load() == 0 || (count_.load() == 0 && !in_error_.load())) return;
   WakeWaiters();
 }
 
 void CompletionQueue::WakeWaiters() {
   waiter_wakes_.fetch_add(1, std::memory_order_relaxed);
-  pushed_.notify_all();
+  wake_seq_.fetch_add(1);
+  syscall(SYS_futex, &wake_seq_, FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
 }
 
 PushStatus CompletionQueue::Push(const WorkCompletion& wc, bool solicited) {
@@ -239,6 +243,7 @@ std::size_t CompletionQueue::PollWithProgress(std::span<WorkCompletion> out) {
   // looks at the sockets at once.
   CountEmptyPoll();
   bool may_wait = false;
+  bool push_due = false;
   {
     std::unique_lock lock(drivers_mutex_, std::try_to_lock);
     if (!lock.owns_lock() || drivers_.empty()) return 0;
@@ -257,10 +262,12 @@ std::size_t CompletionQueue::PollWithProgress(std::span<WorkCompletion> out) {
                count_.load(std::memory_order_acquire) == 0 &&
                std::all_of(drivers_.begin(), drivers_.end(),
                            [this](PollDriver* d) { return d->PollMayWait(*this); });
+    push_due = may_wait && std::any_of(drivers_.begin(), drivers_.end(),
+                                       [](PollDriver* d) { return d->PollPushDue(); });
     tls_driving = false;
   }
   if (may_wait) {
-    WaitForPush();
+    WaitForPush(push_due);
   } else {
     ResetPollWait();  // this thread could still make progress: it polls again soon
   }
@@ -290,25 +297,49 @@ void CompletionQueue::ResetPollWait() {
   }
 }
 
-void CompletionQueue::WaitForPush() {
-  const auto wait = next_poll_wait();
+void CompletionQueue::WaitForPush(bool push_due) {
+  // The backoff's length, or longer when a push is known to be coming; the
+  // backoff grows from its own length (a long wait that ran out says no
+  // more about the next than a short one).
+  const auto backoff = next_poll_wait();
+  const auto wait = push_due ? std::max(backoff, kPollWaitForDuePush) : backoff;
   const auto deadline = std::chrono::steady_clock::now() + wait;
-  std::unique_lock lock(mutex_);
-  if (count_.load(std::memory_order_relaxed) > 0 || in_error_.load(std::memory_order_relaxed)) {
-    return;
+  std::uint32_t seq = 0;
+  {
+    std::lock_guard lock(mutex_);
+    if (count_.load(std::memory_order_relaxed) > 0 || in_error_.load(std::memory_order_relaxed)) {
+      return;
+    }
+    // Push reads waiters_ under mutex_ after storing, so an entry pushed
+    // after the check above finds this waiter counted and wakes it, after
+    // bumping wake_seq_ past `seq`.
+    waiters_.fetch_add(1);
+    seq = wake_seq_.load();
   }
-  ++waiters_;
   poll_waits_.fetch_add(1, std::memory_order_relaxed);
-  // Push reads waiters_ under mutex_ after storing, so an entry pushed
-  // after the check above finds this waiter counted and wakes it.
-  const bool pushed = pushed_.wait_until(lock, deadline, [this] {
-    return count_.load(std::memory_order_relaxed) > 0 ||
-           in_error_.load(std::memory_order_relaxed);
-  });
-  --waiters_;
+  if (push_due) long_poll_waits_.fetch_add(1, std::memory_order_relaxed);
+  bool pushed = false;
+  for (;;) {
+    const auto left = deadline - std::chrono::steady_clock::now();
+    if (left <= std::chrono::nanoseconds::zero()) break;
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+    timespec timeout{};
+    timeout.tv_sec = static_cast<time_t>(ns / 1000000000);
+    timeout.tv_nsec = static_cast<long>(ns % 1000000000);
+    // Returns at once (EAGAIN) when a wake-up bumped wake_seq_ already.
+    syscall(SYS_futex, &wake_seq_, FUTEX_WAIT_PRIVATE, seq, &timeout, nullptr, 0);
+    // The next sequence number first, then the ring: a wake-up for an entry
+    // this check misses changes the word after this load.
+    seq = wake_seq_.load();
+    if (count_.load() > 0 || in_error_.load()) {
+      pushed = true;
+      break;
+    }
+  }
+  waiters_.fetch_sub(1);
   if (!pushed) poll_wait_timeouts_.fetch_add(1, std::memory_order_relaxed);
   next_poll_wait_us_.store(
-      NextPollWait(poll_wait_, wait,
+      NextPollWait(poll_wait_, backoff,
                    pushed ? PollWaitOutcome::kActivity : PollWaitOutcome::kRanOut)
           .count(),
       std::memory_order_relaxed);

@@ -35,7 +35,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -143,6 +142,10 @@ class PollDriver {
   virtual bool PollMayWait(const CompletionQueue& /*polled*/) { return false; }
   // Transmits what posts left for the next poll (CompletionQueue::NoteTxOwed).
   virtual void FlushOwedTx() {}
+  // Asked after PollMayWait said true: whether a push is under way, so the
+  // wait may last up to kPollWaitForDuePush (a bulk stream comes in that the
+  // progress thread reads, or a full socket drains). Default: never.
+  virtual bool PollPushDue() { return false; }
 };
 
 enum class PushStatus : std::uint8_t {
@@ -219,6 +222,11 @@ class CompletionQueue {
   // kMaxPollWait (poll_wait_backoff.h); a poll that returns entries, a wait
   // that a Push ends, or an empty poll that may not wait go back to `wait`.
   // Set before the CQ is used.
+  // A wait where some driver says PollPushDue lasts up to
+  // kPollWaitForDuePush instead: the push that ends it is coming, and a
+  // 64 KiB Send receiver timed out 50 us waits several times per message,
+  // each a wake-up of its own (docs/performance-notes.md 3.12).
+  static constexpr std::chrono::microseconds kPollWaitForDuePush{1000};
   void set_poll_wait(std::chrono::microseconds wait) {
     poll_wait_ = wait;
     next_poll_wait_us_.store(wait.count(), std::memory_order_relaxed);
@@ -231,6 +239,10 @@ class CompletionQueue {
   // How many polls waited, and how many of those waits ran out instead of
   // ending with a Push (for tests).
   std::uint64_t poll_waits() const { return poll_waits_.load(std::memory_order_relaxed); }
+  // Waits that a due push allowed to last kPollWaitForDuePush (tests).
+  std::uint64_t long_poll_waits() const {
+    return long_poll_waits_.load(std::memory_order_relaxed);
+  }
   std::uint64_t poll_wait_timeouts() const {
     return poll_wait_timeouts_.load(std::memory_order_relaxed);
   }
@@ -274,8 +286,9 @@ class CompletionQueue {
  private:
   CompletionQueue(std::uint32_t capacity, Callbacks callbacks);
   // PollWithProgress: sleeps until an entry is pushed (or the CQ fails), at
-  // most next_poll_wait(); then sets the next wait's length.
-  void WaitForPush();
+  // most the next wait's length (next_poll_wait(), or kPollWaitForDuePush
+  // when `push_due` and that is longer); then sets the next wait's length.
+  void WaitForPush(bool push_due);
   // Back to the configured wait (activity on the CQ).
   void ResetPollWait();
   // Wakes the waiters if the ring holds anything (WakeDeferred).
@@ -294,17 +307,21 @@ class CompletionQueue {
   std::atomic<bool> armed_{false};     // arm_ != kNone, written under mutex_
   std::atomic<std::size_t> count_{0};  // written under mutex_
   std::atomic<bool> in_error_{false};  // written under mutex_
-  // PollWithProgress's bounded wait: waiters sleep on `pushed_` (with
-  // mutex_) and Push wakes them when the ring stops being empty.
+  // PollWithProgress's bounded wait: waiters sleep on the futex word
+  // `wake_seq_` and WakeWaiters bumps it and wakes them when the ring stops
+  // being empty. Not a condition variable: a woken waiter took mutex_ again
+  // on its way out, where the progress thread's next Push contended for it
+  // (half of a Send receiver's futex calls; performance-notes 3.12).
   std::chrono::microseconds poll_wait_{0};
   // The next wait's length in microseconds (NextPollWait); written by the
   // polling threads only.
   std::atomic<std::int64_t> next_poll_wait_us_{0};
-  std::condition_variable pushed_;
-  std::uint32_t waiters_ = 0;  // guarded by mutex_
+  std::atomic<std::uint32_t> wake_seq_{0};
+  std::atomic<std::uint32_t> waiters_{0};  // raised under mutex_, lowered without
   std::atomic<std::uint64_t> poll_waits_{0};
   std::atomic<std::uint64_t> waiter_wakes_{0};
   std::atomic<std::uint64_t> poll_wait_timeouts_{0};
+  std::atomic<std::uint64_t> long_poll_waits_{0};
 
   // Held by the driving thread for the whole turn, so RemoveDriver waits for
   // it; polling threads only try it.

@@ -1299,6 +1299,19 @@ bool Qp::PollMayWait(const CompletionQueue& /*polled*/) {
   return true;
 }
 
+bool Qp::PollPushDue() {
+  // A full socket brings a push only for WRs of ours: Read Responses owed
+  // to the peer complete nothing here (a passive ib_read_bw slept 1 ms).
+  if (tx_blocked_.load(std::memory_order_relaxed)) {
+    std::lock_guard lock(queue_mutex_);
+    if (sq_.size() != 0) return true;
+  }
+  return sink_.load(std::memory_order_relaxed) ||
+         counters_.rx_octets.load(std::memory_order_relaxed) -
+                 sink_mark_.load(std::memory_order_relaxed) >=
+             kSinkOctets;
+}
+
 void Qp::OnCqArmed(const CompletionQueue& /*cq*/) {
   // The application is about to sleep: nothing it posted may wait.
   FlushOwedTx();

@@ -310,6 +310,10 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   std::uint64_t coalesced_posts() const {
     return coalesced_posts_.load(std::memory_order_relaxed);
   }
+  // A push is under way: the socket is full with WRs of ours in the SQ (the
+  // progress thread's EPOLLOUT sends and completes them), or the QP is a
+  // sink whose stream the progress thread reads (StreamLeftToProgress).
+  bool PollPushDue() override;
   // Long against a connection's setup: perftest exchanges its keys over a
   // QP, then the client connects again at once while the server re-listens;
   // with 1 ms the server's first poll slept through the quiet start, woke

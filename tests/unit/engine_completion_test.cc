@@ -366,7 +366,9 @@ class FakeDriver : public PollDriver {
   void DriveFromPoll(const CompletionQueue& /*polled*/) override { turns.fetch_add(1); }
   void OnCqArmed(const CompletionQueue& /*cq*/) override {}
   bool PollMayWait(const CompletionQueue& /*polled*/) override { return may_wait.load(); }
+  bool PollPushDue() override { return push_due.load(); }
   std::atomic<bool> may_wait{true};
+  std::atomic<bool> push_due{false};
   std::atomic<int> turns{0};
 };
 
@@ -394,6 +396,41 @@ TEST(CompletionQueuePollWait, PushFromAnotherThreadEndsTheWaitWithItsEntry) {
   EXPECT_EQ(cq->poll_waits(), 1u);
   EXPECT_EQ(cq->poll_wait_timeouts(), 0u);
   cq->RemoveDriver(&driver);
+}
+
+// A wait where a driver says a push is due (a sink's stream, a full
+// socket) may last kPollWaitForDuePush, not the short SIWX_POLL_WAIT_US: a
+// 64 KiB Send receiver otherwise timed out several waits per message. Only
+// then: a CQ whose drivers expect nothing keeps the short wait, and a CQ
+// that never waits (poll wait 0) does not start waiting.
+TEST(CompletionQueuePollWait, WaitsLongOnlyWhenADriverSaysAPushIsDue) {
+  auto cq = CompletionQueue::Create(8, {});
+  FakeDriver quiet;
+  FakeDriver sink;
+  cq->AddDriver(&quiet);
+  cq->AddDriver(&sink);
+  cq->set_poll_wait(std::chrono::microseconds(1));
+  std::array<WorkCompletion, 4> out;
+  ASSERT_EQ(cq->PollWithProgress(out), 0u);  // notes the CQ: polls it alone
+  ASSERT_EQ(cq->PollWithProgress(out), 0u);
+  EXPECT_EQ(cq->poll_waits(), 1u);
+  EXPECT_EQ(cq->long_poll_waits(), 0u);
+  sink.push_due = true;
+  ASSERT_EQ(cq->PollWithProgress(out), 0u);
+  EXPECT_EQ(cq->poll_waits(), 2u);
+  EXPECT_EQ(cq->long_poll_waits(), 1u);
+  // A driver that could still make progress keeps the poll from sleeping,
+  // however due a push is elsewhere.
+  quiet.may_wait = false;
+  ASSERT_EQ(cq->PollWithProgress(out), 0u);
+  EXPECT_EQ(cq->poll_waits(), 2u);
+  quiet.may_wait = true;
+  cq->set_poll_wait(std::chrono::microseconds(0));
+  ASSERT_EQ(cq->PollWithProgress(out), 0u);
+  EXPECT_EQ(cq->poll_waits(), 2u);
+  EXPECT_EQ(cq->long_poll_waits(), 1u);
+  cq->RemoveDriver(&sink);
+  cq->RemoveDriver(&quiet);
 }
 
 // Pushes on a thread that defers wake-ups (the engine's progress thread)
