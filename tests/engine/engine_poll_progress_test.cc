@@ -953,6 +953,15 @@ class TxCoalesceTest : public ::testing::Test {
     return WaitCompletions(*b_.recv_cq, 1).size() == 1;
   }
   bool AllPlaced() { return SameBytes(dst_.data(), src_.data(), kPiece * kPosts); }
+  // Every post transmits at once: no post waits, one sendmsg each.
+  void PostAllExpectingOneSendmsgEach() {
+    const std::uint64_t before = Sendmsgs();
+    for (std::size_t i = 0; i < kPosts; ++i) PostWrite(i);
+    EXPECT_EQ(a_.qp->coalesced_posts(), 0u);
+    EXPECT_EQ(Sendmsgs(), before + kPosts);
+    ASSERT_TRUE(FenceArrived());
+    EXPECT_TRUE(AllPlaced());
+  }
 
   Node a_;
   Node b_;
@@ -1011,12 +1020,7 @@ TEST_F(TxCoalesceTest, PostsOnAnArmedCqTransmitAtOnce) {
   ProgressThreadBlocker blocker(a_, b_.engine);
   ASSERT_TRUE(blocker.Block());
   a_.recv_cq->Arm(CqArm::kNextCompletion);
-  const std::uint64_t before = Sendmsgs();
-  for (std::size_t i = 0; i < kPosts; ++i) PostWrite(i);
-  EXPECT_EQ(a_.qp->coalesced_posts(), 0u);
-  EXPECT_EQ(Sendmsgs(), before + kPosts);
-  ASSERT_TRUE(FenceArrived());
-  EXPECT_TRUE(AllPlaced());
+  PostAllExpectingOneSendmsgEach();
 }
 
 // A poll between two posts: the second transmits at once too.
@@ -1070,12 +1074,7 @@ TEST_F(TxCoalesceTest, APostReachingTheLimitTransmits) {
 TEST_F(TxCoalesceOffTest, EveryPostTransmitsAtOnce) {
   ProgressThreadBlocker blocker(a_, b_.engine);
   ASSERT_TRUE(blocker.Block());
-  const std::uint64_t before = Sendmsgs();
-  for (std::size_t i = 0; i < kPosts; ++i) PostWrite(i);
-  EXPECT_EQ(a_.qp->coalesced_posts(), 0u);
-  EXPECT_EQ(Sendmsgs(), before + kPosts);
-  ASSERT_TRUE(FenceArrived());
-  EXPECT_TRUE(AllPlaced());
+  PostAllExpectingOneSendmsgEach();
 }
 
 }  // namespace
