@@ -1251,12 +1251,7 @@ bool Qp::StreamLeftToProgress(std::chrono::steady_clock::rep now) {
   // progress thread reads it (one thread working, as with a TCP receiver
   // blocked in recv) and the poller sleeps until it pushes. A ping-pong of
   // messages below kSinkOctets posts more often and never gets here.
-  if (sink_.load(std::memory_order_relaxed) ||
-      counters_.rx_octets.load(std::memory_order_relaxed) -
-              sink_mark_.load(std::memory_order_relaxed) >=
-          kSinkOctets) {
-    return true;
-  }
+  if (IsSink()) return true;
   const std::uint64_t seen = counters_.rx_syscalls.load(std::memory_order_relaxed);
   if (seen != quiet_mark_.load(std::memory_order_relaxed)) {
     quiet_mark_.store(seen, std::memory_order_relaxed);
@@ -1306,6 +1301,10 @@ bool Qp::PollPushDue() {
     std::lock_guard lock(queue_mutex_);
     if (sq_.size() != 0) return true;
   }
+  return IsSink();
+}
+
+bool Qp::IsSink() const {
   return sink_.load(std::memory_order_relaxed) ||
          counters_.rx_octets.load(std::memory_order_relaxed) -
                  sink_mark_.load(std::memory_order_relaxed) >=

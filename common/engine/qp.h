@@ -298,11 +298,11 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // Transmits the posts PostSendList left for the next poll.
   void FlushOwedTx() override;
   // Back-to-back posts (no poll of either CQ since the previous post, and
-  // nothing received since: not an answer) leave their transmit to the next poll of either CQ, to
-  // ibv_req_notify_cq, to a post that brings the waiting octets to
-  // EngineConfig::tx_coalesce_octets, or at the latest to a timer of
-  // kTxCoalesceDelay on the progress thread; the first post after a poll
-  // transmits at once. One sendmsg then carries many WRs: on loopback a
+  // nothing received since: not an answer) leave their transmit to the
+  // next poll of either CQ, to ibv_req_notify_cq, to a post that brings the
+  // waiting octets to EngineConfig::tx_coalesce_octets, or at the latest to
+  // a timer of kTxCoalesceDelay on the progress thread; the first post after
+  // a poll transmits at once. One sendmsg then carries many WRs: on loopback a
   // 64 KiB write per sendmsg reached about a third of what 1 MiB writes
   // do (docs/performance-notes.md 3.13).
   static constexpr std::chrono::milliseconds kTxCoalesceDelay{1};
@@ -314,6 +314,9 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // progress thread's EPOLLOUT sends and completes them), or the QP is a
   // sink whose stream the progress thread reads (StreamLeftToProgress).
   bool PollPushDue() override;
+  // kSinkOctets came in since the last post, or the post rules of
+  // PostSendList keep the QP a sink (StreamLeftToProgress, PollPushDue).
+  bool IsSink() const;
   // Long against a connection's setup: perftest exchanges its keys over a
   // QP, then the client connects again at once while the server re-listens;
   // with 1 ms the server's first poll slept through the quiet start, woke
