@@ -123,9 +123,12 @@ void Core::AfterForkInChild() {
   lingers_.clear();
   half_open_.clear();
   notes_.clear();
+  ack_waiters_.clear();
   live_ids_ = 0;
   notify_wake_fd_ = -1;
   stop_ = false;
+  // Threads of the parent may have been waiting on it: start afresh.
+  new (&acked_) std::condition_variable();
   // The CM thread does not exist here: forget it without joining (its
   // handle names a thread of the parent).
   new (&thread_) std::thread();
@@ -248,8 +251,28 @@ void Core::FreeChannel(CmChannel* ch) {
   for (CmEvent* ev : ch->queue) delete ev;
   ch->queue.clear();
   channels_.erase(&ch->pub);
+  if (ch->readers > 0) {
+    // As a kernel rdma_cm file closed while a read() waits in it: the
+    // readers stay blocked, and nothing reaches the channel any more.
+    net::ClearEventFd(ch->pub.fd);
+    ch->destroyed = true;
+    return;
+  }
   net::Close(ch->pub.fd);
   delete ch;
+}
+
+void Core::LeaveChannel(CmChannel* ch) {
+  --ch->readers;
+  if (ch->destroyed && ch->readers == 0) {
+    net::Close(ch->pub.fd);
+    delete ch;
+  }
+}
+
+void Core::SetTestHooks(const CoreTestHooks& hooks) {
+  std::lock_guard lock(mu_);
+  test_hooks_ = hooks;
 }
 
 int Core::CreateChannel(rdma_event_channel** out) {
@@ -344,11 +367,24 @@ void Core::RemoveQueuedEvents(CmId* id) {
 void Core::DropSyncEvent(CmId* id) {
   if (id->pub.event == nullptr) return;
   const auto it = events_.find(id->pub.event);
-  if (it != events_.end()) {
-    delete it->second;
-    events_.erase(it);
-  }
   id->pub.event = nullptr;
+  if (it != events_.end()) ReleaseReturned(it->second);
+}
+
+void Core::ReleaseReturned(CmEvent* ev) {
+  events_.erase(&ev->pub);
+  CmId* const refs[] = {ev->id, ev->listener};
+  delete ev;
+  for (CmId* id : refs) {
+    if (id == nullptr) continue;
+    --id->unacked_refs;
+    FreeIdIfUnreferenced(id);
+  }
+  acked_.notify_all();
+}
+
+void Core::FreeIdIfUnreferenced(CmId* id) {
+  if (id->destroyed && id->unacked_refs == 0) delete id;
 }
 
 // ---- Ids ----
@@ -459,14 +495,55 @@ void Core::DestroyLocked(CmId* id) {
   ids_.erase(&id->pub);
   by_handle_.erase(id->handle);
   --live_ids_;
-  delete id;
+  // Events the application holds still point at it (event->id).
+  id->destroyed = true;
+  FreeIdIfUnreferenced(id);
+}
+
+bool Core::AwaitsAck(std::uint64_t handle) const {
+  const std::thread::id self = std::this_thread::get_id();
+  for (const auto& [key, ev] : events_) {
+    if (ev->reported_for != handle || ev->holder == self) continue;
+    // A thread waiting in rdma_destroy_id cannot ack before its own wait
+    // ends: waiting for it could close a circle.
+    if (std::find(ack_waiters_.begin(), ack_waiters_.end(), ev->holder) != ack_waiters_.end()) {
+      continue;
+    }
+    return true;
+  }
+  return false;
+}
+
+void Core::WaitForAcks(std::unique_lock<std::mutex>& lock, std::uint64_t handle) {
+  if (!AwaitsAck(handle)) return;
+  const std::thread::id self = std::this_thread::get_id();
+  ack_waiters_.push_back(self);
+  const CoreTestHooks hooks = test_hooks_;
+  if (hooks.awaiting_acks != nullptr) {
+    lock.unlock();
+    hooks.awaiting_acks(hooks.arg);
+    lock.lock();
+  }
+  const bool acked = acked_.wait_for(lock, kAckWait, [&] { return !AwaitsAck(handle); });
+  ack_waiters_.erase(std::find(ack_waiters_.begin(), ack_waiters_.end(), self));
+  if (!acked) {
+    SIWX_LOG(kWarn,
+             "rdma_destroy_id: CEP[%llu] destroyed while another thread still holds an event of "
+             "it unacknowledged after %lld ms; every event from rdma_get_cm_event needs its "
+             "rdma_ack_cm_event",
+             static_cast<unsigned long long>(handle), static_cast<long long>(kAckWait.count()));
+  }
 }
 
 int Core::DestroyId(rdma_cm_id* pub) {
   std::unique_lock lock(mu_);
   CmId* id = FindId(pub);
   if (id == nullptr) return EINVAL;
+  const std::uint64_t handle = id->handle;
   DestroyLocked(id);
+  // As librdmacm: the events already returned for the id are handled
+  // before rdma_destroy_id returns.
+  WaitForAcks(lock, handle);
   const bool idle = live_ids_ == 0;
   lock.unlock();
   if (idle) StopLoopIfIdle();
@@ -525,26 +602,48 @@ int Core::MigrateId(rdma_cm_id* pub, rdma_event_channel* channel) {
 
 int Core::GetEvent(rdma_event_channel* pub, rdma_cm_event** out) {
   if (out == nullptr) return EINVAL;
-  for (;;) {
-    int fd;
-    {
-      std::lock_guard lock(mu_);
-      CmChannel* ch = FindChannel(pub);
-      if (ch == nullptr) return EINVAL;
-      fd = ch->pub.fd;
-      if (!ch->queue.empty()) {
-        CmEvent* ev = ch->queue.front();
-        ch->queue.pop_front();
-        // The fd is readable exactly while events are queued.
-        if (ch->queue.empty()) net::ClearEventFd(fd);
-        if (ev->id != nullptr && ev->id->hidden) ev->id->hidden = false;
-        events_[&ev->pub] = ev;
-        *out = &ev->pub;
-        return 0;
-      }
+  std::unique_lock lock(mu_);
+  CmChannel* ch = FindChannel(pub);
+  if (ch == nullptr) return EINVAL;
+  // The channel lives while this thread is in it, even if destroyed; the
+  // reader leaves it (with mu_ held) on every return.
+  ++ch->readers;
+  struct Reader {
+    Core* core;
+    CmChannel* ch;
+    std::unique_lock<std::mutex>* lock;
+    ~Reader() {
+      if (!lock->owns_lock()) lock->lock();
+      core->LeaveChannel(ch);
     }
+  } reader{this, ch, &lock};
+  for (;;) {
+    // A destroyed channel stays empty: its readers wait for ever, as in
+    // the kernel (where the blocked read() keeps the closed file alive).
+    if (!ch->queue.empty()) {
+      CmEvent* ev = ch->queue.front();
+      ch->queue.pop_front();
+      // The fd is readable exactly while events are queued.
+      if (ch->queue.empty()) net::ClearEventFd(ch->pub.fd);
+      if (ev->id->hidden) ev->id->hidden = false;
+      ev->holder = std::this_thread::get_id();
+      ev->reported_for = ev->listener != nullptr ? ev->listener->handle : ev->id_handle;
+      ++ev->id->unacked_refs;
+      if (ev->listener != nullptr) ++ev->listener->unacked_refs;
+      events_[&ev->pub] = ev;
+      *out = &ev->pub;
+      return 0;
+    }
+    const int fd = ch->pub.fd;
     if (net::IsNonBlocking(fd)) return EAGAIN;
+    const CoreTestHooks hooks = test_hooks_;
+    lock.unlock();
+    if (hooks.before_block != nullptr) hooks.before_block(hooks.arg);
     const int rc = net::WaitReadable(fd);
+    if (hooks.after_wake != nullptr) hooks.after_wake(hooks.arg);
+    lock.lock();
+    // Woken for an event that is gone (another reader took it, or
+    // rdma_destroy_id discarded it unread): wait again, as the kernel does.
     if (rc != 0 && rc != EINTR) return rc;
   }
 }
@@ -554,13 +653,12 @@ int Core::AckEvent(rdma_cm_event* pub) {
   const auto it = events_.find(pub);
   if (it == events_.end()) return EINVAL;
   CmEvent* ev = it->second;
-  events_.erase(it);
   // A synchronous id remembers its last event; forget it if acked directly.
   const auto owner = by_handle_.find(ev->id_handle);
   if (owner != by_handle_.end() && owner->second->pub.event == pub) {
     owner->second->pub.event = nullptr;
   }
-  delete ev;
+  ReleaseReturned(ev);
   return 0;
 }
 

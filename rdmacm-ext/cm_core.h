@@ -27,6 +27,18 @@
 // blocking rdma_get_cm_event. rdma_get_cm_event blocks unless the
 // application set O_NONBLOCK on the fd (then -1/EAGAIN).
 //
+// Teardown, as the kernel's rdma_ucm and librdmacm (rdmacm-ext/README.md,
+// "Event delivery and teardown"): a reader that wakes to find the event it
+// woke for gone (another reader took it, or rdma_destroy_id discarded it
+// unread) waits again; a reader blocked in a channel that is destroyed stays
+// blocked (the channel lives on, unreachable, with its fd open, while a
+// reader is in it); rdma_destroy_id discards the id's
+// queued events and then waits until the events already returned for it
+// are acked (a CONNECT_REQUEST counts for its listener), except those held
+// by the calling thread or by a thread itself waiting in rdma_destroy_id,
+// and at most kAckWait; an id's memory lives until its last returned event
+// is acked, so event->id stays readable.
+//
 // Events and their status (the Linux iw_cm mapping where it has one):
 //   ADDR_RESOLVED / ADDR_ERROR (-ENODEV: no siwx device serves the address;
 //     -errno of the route lookup), ROUTE_RESOLVED (immediate: TCP routes),
@@ -134,15 +146,23 @@ struct CmId;
 struct CmEvent {
   rdma_cm_event pub{};
   std::vector<std::uint8_t> private_data;  // pub.param.conn.private_data points here
-  CmId* id = nullptr;                      // the id the event is about (alive while queued)
+  CmId* id = nullptr;                      // the id the event is about (alive until acked)
   std::uint64_t id_handle = 0;             // its handle, to find it again safely
   CmId* listener = nullptr;                // CONNECT_REQUEST: the listening id
+  // Once returned by rdma_get_cm_event: the thread it went to, and the id
+  // whose rdma_destroy_id waits for its ack (the listener's for a request).
+  std::thread::id holder;
+  std::uint64_t reported_for = 0;
 };
 
 struct CmChannel {
   rdma_event_channel pub{};
   std::deque<CmEvent*> queue;  // guarded by Core::mu_
   bool sync = false;           // the private channel of a synchronous id
+  int readers = 0;             // threads blocked in rdma_get_cm_event on it (mu_)
+  // Destroyed while readers were blocked in it: out of the registry, no
+  // events, fd still open; the last reader to leave frees it.
+  bool destroyed = false;
 };
 
 enum class IdState : std::uint8_t {
@@ -243,6 +263,21 @@ struct CmId {
   } stream;
 
   std::optional<ibv_qp_init_attr> ep_qp_init_attr;  // rdma_create_ep, passive
+
+  // Returned events not yet acked whose pub.id or pub.listen_id is this id;
+  // a destroyed id (out of the registries) is freed when this reaches 0.
+  int unacked_refs = 0;
+  bool destroyed = false;
+};
+
+// Test seams: tests/cm/cm_teardown_race_test.cc links the CM objects and
+// stops threads at these points to make races happen on purpose. Null in
+// the library; called without mu_ held.
+struct CoreTestHooks {
+  void (*before_block)(void* arg) = nullptr;  // rdma_get_cm_event is about to block
+  void (*after_wake)(void* arg) = nullptr;    // ... and woke up, before it looks again
+  void (*awaiting_acks)(void* arg) = nullptr; // rdma_destroy_id waits for acks
+  void* arg = nullptr;
 };
 
 class Core {
@@ -259,6 +294,9 @@ class Core {
   static constexpr std::chrono::milliseconds kAcceptBackoffMax{500};
   // The youngest half-open connection a bound may drop (see above).
   static constexpr std::chrono::milliseconds kHalfOpenGrace{200};
+  // The longest rdma_destroy_id waits for other threads to ack the events
+  // they hold of the id (librdmacm waits for ever).
+  static constexpr std::chrono::milliseconds kAckWait{2000};
 
   // All return 0 or a positive errno value.
   int CreateChannel(rdma_event_channel** out);
@@ -297,6 +335,8 @@ class Core {
   // siwx_stream_notify.event: any thread.
   static void OnStreamEvent(std::uint64_t cookie, int event, int error);
 
+  void SetTestHooks(const CoreTestHooks& hooks);
+
   // pthread_atfork handlers (registered by Get()).
   void BeforeFork();
   void AfterForkInParent();
@@ -332,6 +372,16 @@ class Core {
   CmId* NewId(CmChannel* channel, bool sync, void* context, rdma_port_space ps,
               ibv_qp_type qp_type);
   void DestroyLocked(CmId* id);
+  // Frees a destroyed id once no returned event refers to it any more.
+  void FreeIdIfUnreferenced(CmId* id);
+  // Forgets a returned event (acked, or left in a synchronous id's event).
+  void ReleaseReturned(CmEvent* ev);
+  // rdma_destroy_id: waits until the events returned for the id with
+  // `handle` are acked (see the teardown rules above).
+  void WaitForAcks(std::unique_lock<std::mutex>& lock, std::uint64_t handle);
+  bool AwaitsAck(std::uint64_t handle) const;
+  // A reader leaves a channel it blocked in.
+  void LeaveChannel(CmChannel* ch);
   CmEvent* Post(CmId* id, rdma_cm_event_type type, int status, ByteSpan private_data = {},
                 std::uint32_t ird = 0, std::uint32_t ord = 0);
   void RemoveQueuedEvents(CmId* id);
@@ -395,6 +445,9 @@ class Core {
   std::unordered_map<rdma_cm_id*, CmId*> ids_;                    // mu_
   std::unordered_map<std::uint64_t, CmId*> by_handle_;            // mu_
   std::unordered_map<rdma_cm_event*, CmEvent*> events_;           // mu_: retrieved, not acked
+  std::condition_variable acked_;           // with mu_: an event in events_ was released
+  std::vector<std::thread::id> ack_waiters_;  // mu_: threads in WaitForAcks
+  CoreTestHooks test_hooks_;                                      // mu_
   std::unordered_map<std::uint64_t, Linger> lingers_;             // mu_
   // Handles of half-open children in accept order; entries that stopped
   // being half-open are pruned lazily.
