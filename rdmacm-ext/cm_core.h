@@ -17,7 +17,8 @@
 // Application threads and the CM thread share all state under one mutex,
 // mu_; nothing blocks while holding it (sockets are non-blocking). Blocking
 // happens only in rdma_get_cm_event (and the synchronous-id calls built on
-// it), reading the channel's eventfd outside the lock. The provider's notify
+// it), reading the channel's eventfd outside the lock, and in
+// rdma_destroy_id, waiting for acks (below). The provider's notify
 // callback takes only notify_mu_, so the CM may call into the provider
 // while holding mu_.
 //
