@@ -314,9 +314,17 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // progress thread's EPOLLOUT sends and completes them), or the QP is a
   // sink whose stream the progress thread reads (StreamLeftToProgress).
   bool PollPushDue() override;
+  // A sink polled on its receive CQ, that CQ's only driver, with receives
+  // posted and the read lease held: the poller reads the stream itself and
+  // sleeps in poll(2) on the socket when it is empty (at most half a lease),
+  // instead of the progress thread reading and waking it per push
+  // (docs/performance-notes.md 3.16).
+  bool WaitForInput(std::chrono::nanoseconds max) override;
   // kSinkOctets came in since the last post, or the post rules of
   // PostSendList keep the QP a sink (StreamLeftToProgress, PollPushDue).
   bool IsSink() const;
+  // WaitForInput's rule (see there); `tx_blocked` as read by the caller.
+  bool ReadsOwnInput(const CompletionQueue& polled, bool tx_blocked);
   // Long against a connection's setup: perftest exchanges its keys over a
   // QP, then the client connects again at once while the server re-listens;
   // with 1 ms the server's first poll slept through the quiet start, woke
