@@ -149,8 +149,8 @@ class PollDriver {
   // Asked after PollMayWait said true, when this is the CQ's only driver:
   // the polling thread reads this driver's input itself (it holds the read
   // lease of a bulk receiver) and may sleep until that input is readable
-  // instead of on the CQ, for at most `max`. True if it slept: the next
-  // poll reads. Default: it cannot (the CQ's own wait follows).
+  // instead of on the CQ, for at most `max`. True if it slept: the CQ then
+  // gives it a turn at once. Default: it cannot (the CQ's own wait follows).
   virtual bool WaitForInput(std::chrono::nanoseconds /*max*/) { return false; }
 };
 

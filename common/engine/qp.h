@@ -282,7 +282,8 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // 2 x kSinkOctets over the last three (a bulk receiver that sends
   // little, now and then two posts at once): the read lease ends, the progress
   // thread reads, and the poll may sleep (PollMayWait) until that thread
-  // pushes what completes.
+  // pushes what completes. Except a sink that is the only driver of the
+  // polled receive CQ: it reads its own stream (WaitForInput).
   void DriveFromPoll(const CompletionQueue& polled) override;
   void OnCqArmed(const CompletionQueue& cq) override;
   // True when nothing the polling thread could do would complete anything
