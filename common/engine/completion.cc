@@ -244,6 +244,7 @@ std::size_t CompletionQueue::PollWithProgress(std::span<WorkCompletion> out) {
   CountEmptyPoll();
   bool may_wait = false;
   bool push_due = false;
+  bool input_waited = false;
   {
     std::unique_lock lock(drivers_mutex_, std::try_to_lock);
     if (!lock.owns_lock() || drivers_.empty()) return 0;
@@ -264,9 +265,23 @@ std::size_t CompletionQueue::PollWithProgress(std::span<WorkCompletion> out) {
                            [this](PollDriver* d) { return d->PollMayWait(*this); });
     push_due = may_wait && std::any_of(drivers_.begin(), drivers_.end(),
                                        [](PollDriver* d) { return d->PollPushDue(); });
+    // A single driver whose input this thread reads itself sleeps on that
+    // input, not on a push from the progress thread, which does not read
+    // it (docs/performance-notes.md 3.16); then it reads at once. Under
+    // drivers_mutex_, so RemoveDriver waits for the sleep (at most one
+    // wait's length) and the driver outlives it.
+    if (may_wait && drivers_.size() == 1 &&
+        drivers_.front()->WaitForInput(PollWaitLength(push_due))) {
+      input_waits_.fetch_add(1, std::memory_order_relaxed);
+      input_waited = true;
+      drivers_.front()->DriveFromPoll(*this);
+    }
     tls_driving = false;
   }
-  if (may_wait) {
+  if (input_waited) {
+    tls_empty_polls = 0;  // it slept: no yield on the next empty poll
+    ResetPollWait();
+  } else if (may_wait) {
     WaitForPush(push_due);
   } else {
     ResetPollWait();  // this thread could still make progress: it polls again soon
@@ -297,12 +312,17 @@ void CompletionQueue::ResetPollWait() {
   }
 }
 
+std::chrono::microseconds CompletionQueue::PollWaitLength(bool push_due) const {
+  const auto backoff = next_poll_wait();
+  return push_due ? std::max(backoff, kPollWaitForDuePush) : backoff;
+}
+
 void CompletionQueue::WaitForPush(bool push_due) {
   // The backoff's length, or longer when a push is known to be coming; the
   // backoff grows from its own length (a long wait that ran out says no
   // more about the next than a short one).
   const auto backoff = next_poll_wait();
-  const auto wait = push_due ? std::max(backoff, kPollWaitForDuePush) : backoff;
+  const auto wait = PollWaitLength(push_due);
   const auto deadline = std::chrono::steady_clock::now() + wait;
   std::uint32_t seq = 0;
   {
@@ -350,11 +370,13 @@ void CompletionQueue::AddDriver(PollDriver* driver) {
   if (std::find(drivers_.begin(), drivers_.end(), driver) == drivers_.end()) {
     drivers_.push_back(driver);
   }
+  driver_count_.store(drivers_.size(), std::memory_order_relaxed);
 }
 
 void CompletionQueue::RemoveDriver(PollDriver* driver) {
   std::lock_guard lock(drivers_mutex_);
   drivers_.erase(std::remove(drivers_.begin(), drivers_.end(), driver), drivers_.end());
+  driver_count_.store(drivers_.size(), std::memory_order_relaxed);
 }
 
 void CompletionQueue::Arm(CqArm arm) {

@@ -146,6 +146,12 @@ class PollDriver {
   // wait may last up to kPollWaitForDuePush (a bulk stream comes in that the
   // progress thread reads, or a full socket drains). Default: never.
   virtual bool PollPushDue() { return false; }
+  // Asked after PollMayWait said true, when this is the CQ's only driver:
+  // the polling thread reads this driver's input itself (it holds the read
+  // lease of a bulk receiver) and may sleep until that input is readable
+  // instead of on the CQ, for at most `max`. True if it slept: the CQ then
+  // gives it a turn at once. Default: it cannot (the CQ's own wait follows).
+  virtual bool WaitForInput(std::chrono::nanoseconds /*max*/) { return false; }
 };
 
 enum class PushStatus : std::uint8_t {
@@ -246,6 +252,8 @@ class CompletionQueue {
   std::uint64_t poll_wait_timeouts() const {
     return poll_wait_timeouts_.load(std::memory_order_relaxed);
   }
+  // Waits a driver slept on its own input (PollDriver::WaitForInput; tests).
+  std::uint64_t input_waits() const { return input_waits_.load(std::memory_order_relaxed); }
 
   // A driver left posted work untransmitted until the next poll of this CQ
   // (Qp::PostSendList coalesces back-to-back posts): the next Poll, on any
@@ -260,6 +268,8 @@ class CompletionQueue {
   // that driver's turn any more; not from inside a driver.
   void AddDriver(PollDriver* driver);
   void RemoveDriver(PollDriver* driver);
+  // One driver only (lock-free; PollDriver::WaitForInput is asked only then).
+  bool single_driver() const { return driver_count_.load(std::memory_order_relaxed) == 1; }
 
   // Takes the queued entries of QP `qp_num` out (ibv_destroy_qp), keeping
   // the order of the others; returns how many went. Entries pushed later
@@ -289,6 +299,8 @@ class CompletionQueue {
   // most the next wait's length (next_poll_wait(), or kPollWaitForDuePush
   // when `push_due` and that is longer); then sets the next wait's length.
   void WaitForPush(bool push_due);
+  // The length WaitForPush would sleep for.
+  std::chrono::microseconds PollWaitLength(bool push_due) const;
   // Back to the configured wait (activity on the CQ).
   void ResetPollWait();
   // Wakes the waiters if the ring holds anything (WakeDeferred).
@@ -321,12 +333,14 @@ class CompletionQueue {
   std::atomic<std::uint64_t> poll_waits_{0};
   std::atomic<std::uint64_t> waiter_wakes_{0};
   std::atomic<std::uint64_t> poll_wait_timeouts_{0};
+  std::atomic<std::uint64_t> input_waits_{0};
   std::atomic<std::uint64_t> long_poll_waits_{0};
 
   // Held by the driving thread for the whole turn, so RemoveDriver waits for
   // it; polling threads only try it.
   std::mutex drivers_mutex_;
   std::vector<PollDriver*> drivers_;  // guarded by drivers_mutex_
+  std::atomic<std::size_t> driver_count_{0};  // drivers_.size(), read without the mutex
   std::size_t next_driver_ = 0;       // guarded by drivers_mutex_; next to drive
   std::atomic<bool> tx_owed_{false};
   std::atomic<std::uint64_t> polls_{0};

@@ -10,6 +10,7 @@
 
 #include "common/engine/engine.h"
 #include "common/transport/endpoints.h"
+#include "common/transport/socket_ops.h"
 #include "common/util/log.h"
 
 namespace siwx::engine {
@@ -1215,7 +1216,11 @@ void Qp::DriveFromPoll(const CompletionQueue& polled) {
   const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
   if (now < poll_idle_until_.load(std::memory_order_relaxed)) return;
   if (!receives && !reads && now >= lease_until) return;
-  if (polled.poll_wait().count() > 0 && StreamLeftToProgress(now)) {
+  // A sink polled on its receive CQ, alone there, reads its own stream
+  // (run to completion: one thread per message instead of the progress
+  // thread reading and waking the poller; WaitForInput sleeps on the socket).
+  const bool own_input = receives && polled.single_driver() && IsSink();
+  if (polled.poll_wait().count() > 0 && !own_input && StreamLeftToProgress(now)) {
     // A stream that has been quiet for a while, or a sink, is left to the
     // progress thread (read interest back), so that the poll may sleep
     // instead of reading an empty socket over and over (PollMayWait): an
@@ -1263,7 +1268,7 @@ bool Qp::StreamLeftToProgress(std::chrono::steady_clock::rep now) {
   return now - quiet_since_.load(std::memory_order_relaxed) >= quiet.count();
 }
 
-bool Qp::PollMayWait(const CompletionQueue& /*polled*/) {
+bool Qp::PollMayWait(const CompletionQueue& polled) {
   if (destroyed_.load(std::memory_order_acquire) || engine_->OnProgressThread() ||
       state_.state() != QpState::kRts) {
     return false;
@@ -1288,9 +1293,50 @@ bool Qp::PollMayWait(const CompletionQueue& /*polled*/) {
   // what completes.
   const auto lease_until = read_lease_until_.load(std::memory_order_relaxed);
   if (lease_until == 0 && !reads && rq_->size() == 0) return true;
+  // A sink that reads its own stream (DriveFromPoll) keeps its lease: the
+  // wait is on its socket (WaitForInput), which only a single driver gets.
+  if (ReadsOwnInput(polled, tx_blocked)) return true;
   const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
   if (!StreamLeftToProgress(now)) return false;
   if (lease_until != 0) EndReadLease();
+  return true;
+}
+
+bool Qp::ReadsOwnInput(const CompletionQueue& polled, bool tx_blocked) {
+  if (&polled != config_.recv_cq || !polled.single_driver() || rq_->size() == 0 ||
+      read_lease_until_.load(std::memory_order_relaxed) == 0 || !IsSink()) {
+    return false;
+  }
+  // Send completions that EPOLLOUT will push come from the progress thread:
+  // the CQ's own wait, which that push ends.
+  if (tx_blocked) {
+    std::lock_guard lock(queue_mutex_);
+    if (sq_.size() != 0) return false;
+  }
+  return true;
+}
+
+bool Qp::WaitForInput(std::chrono::nanoseconds max) {
+  if (destroyed_.load(std::memory_order_acquire) || engine_->OnProgressThread() ||
+      !ReadsOwnInput(*config_.recv_cq, tx_blocked_.load(std::memory_order_relaxed))) {
+    return false;
+  }
+  // The lease outlasts the sleep, so the progress thread does not take the
+  // stream back meanwhile (its timer would turn read interest on).
+  using Clock = std::chrono::steady_clock;
+  const auto now = Clock::now();
+  ExtendReadLease(now);
+  const auto sleep = std::min<std::chrono::nanoseconds>(max, kReadLease / 2);
+  int fd = -1;
+  {
+    std::lock_guard lock(poll_mutex_);
+    if (!polled_ || !read_leased_ || read_closed_) return false;
+    fd = poll_fd_;
+  }
+  // The socket may close meanwhile (teardown on another thread): then the
+  // sleep runs out, at most `sleep`, and the next poll sees the state.
+  transport::WaitReadableFor(fd, sleep);
+  poll_idle_until_.store(0, std::memory_order_relaxed);
   return true;
 }
 

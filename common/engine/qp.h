@@ -282,7 +282,8 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // 2 x kSinkOctets over the last three (a bulk receiver that sends
   // little, now and then two posts at once): the read lease ends, the progress
   // thread reads, and the poll may sleep (PollMayWait) until that thread
-  // pushes what completes.
+  // pushes what completes. Except a sink that is the only driver of the
+  // polled receive CQ: it reads its own stream (WaitForInput).
   void DriveFromPoll(const CompletionQueue& polled) override;
   void OnCqArmed(const CompletionQueue& cq) override;
   // True when nothing the polling thread could do would complete anything
@@ -314,9 +315,17 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // progress thread's EPOLLOUT sends and completes them), or the QP is a
   // sink whose stream the progress thread reads (StreamLeftToProgress).
   bool PollPushDue() override;
+  // A sink polled on its receive CQ, that CQ's only driver, with receives
+  // posted and the read lease held: the poller reads the stream itself and
+  // sleeps in poll(2) on the socket when it is empty (at most half a lease),
+  // instead of the progress thread reading and waking it per push
+  // (docs/performance-notes.md 3.16).
+  bool WaitForInput(std::chrono::nanoseconds max) override;
   // kSinkOctets came in since the last post, or the post rules of
   // PostSendList keep the QP a sink (StreamLeftToProgress, PollPushDue).
   bool IsSink() const;
+  // WaitForInput's rule (see there); `tx_blocked` as read by the caller.
+  bool ReadsOwnInput(const CompletionQueue& polled, bool tx_blocked);
   // Long against a connection's setup: perftest exchanges its keys over a
   // QP, then the client connects again at once while the server re-listens;
   // with 1 ms the server's first poll slept through the quiet start, woke

@@ -396,6 +396,17 @@ int WaitReadable(int fd) {
   return 0;
 }
 
+bool WaitReadableFor(int fd, std::chrono::nanoseconds max) {
+  if (max <= std::chrono::nanoseconds::zero()) return false;
+  pollfd p{fd, POLLIN, 0};
+  timespec timeout{};
+  timeout.tv_sec = static_cast<time_t>(max.count() / 1000000000);
+  timeout.tv_nsec = static_cast<long>(max.count() % 1000000000);
+  // EINTR counts as readable: the caller reads (EAGAIN) and polls again.
+  const int n = ppoll(&p, 1, &timeout, nullptr);
+  return n != 0;
+}
+
 bool IsNonBlocking(int fd) {
   const int flags = fcntl(fd, F_GETFL);
   return flags >= 0 && (flags & O_NONBLOCK) != 0;

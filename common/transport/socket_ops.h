@@ -13,6 +13,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -106,6 +107,9 @@ void SignalEventFd(int fd);
 void ClearEventFd(int fd);
 // Blocks until `fd` is readable: 0, EINTR, or another errno.
 int WaitReadable(int fd);
+// Waits at most `max` for `fd` to be readable (or to report an error or
+// hang-up): true if it is, false when the time ran out or poll failed.
+bool WaitReadableFor(int fd, std::chrono::nanoseconds max);
 bool IsNonBlocking(int fd);
 // Takes everything (the non-blocking wake-up fd).
 void DrainEventFd(int fd);

@@ -796,7 +796,11 @@ class SinkStream {
     return b_.qp->PostRecv(rwr) == PostStatus::kOk;
   }
 
-  std::uint64_t Run(std::uint64_t messages) {
+  // `pause`: the receiver stops polling for that long after every
+  // kPauseEvery messages (its read lease lapses meanwhile).
+  static constexpr std::uint64_t kPauseEvery = 48;
+  std::uint64_t Run(std::uint64_t messages,
+                    std::chrono::microseconds pause = std::chrono::microseconds(0)) {
     const std::uint64_t first = sent_;
     const std::uint64_t last = first + messages;
     std::thread sender([&] {
@@ -829,6 +833,7 @@ class SinkStream {
                PostSlot(received_ + kWindow);
         posted_upto_.store(received_ + kWindow + 1);
         ++received_;
+        if (pause.count() > 0 && received_ % kPauseEvery == 0) std::this_thread::sleep_for(pause);
       }
     }
     sender.join();
@@ -847,20 +852,87 @@ class SinkStream {
   std::atomic<std::uint64_t> posted_upto_{kWindow};  // receives b has posted
 };
 
-// A pure sink (Qp::kSinkOctets in since its last PostSend) leaves reading
-// to the progress thread and its polls may sleep: every Send of a stream
-// still completes once, in order, with its data, and after the stream an
-// empty poll of the sink sleeps (bounded) instead of reading.
-TEST_F(PollProgressTest, SinkLeavesReadingToTheProgressThreadAndLosesNothing) {
+// Connects one more QP of b's engine, on b's CQs, to a new node on
+// `peer_engine`: b's CQs then have two drivers.
+struct SecondQpOnTheCqs {
+  SecondQpOnTheCqs(Node& b, Engine* peer_engine) : peer(NodeOptions{}, peer_engine) {
+    QpConfig config;
+    config.pd = b.pd;
+    config.send_cq = b.send_cq.get();
+    config.recv_cq = b.recv_cq.get();
+    config.sq_caps = QueueCaps{16, kMaxSge, kMaxInlineData};
+    config.rq_caps = QueueCaps{16, kMaxSge, 0};
+    qp = b.engine->CreateQp(config);
+    EXPECT_NE(qp, nullptr);
+    EXPECT_EQ(qp->Modify(QpState::kInit), QpStatus::kOk);
+    const std::array<int, 2> fds = Connect(Transport::kTcp);
+    peer.Bind(fds[0], StreamParams{});
+    EXPECT_EQ(qp->Bind(std::make_unique<transport::TcpStream>(fds[1]), StreamParams{}),
+              BindStatus::kOk);
+  }
+  ~SecondQpOnTheCqs() {
+    if (qp) qp->Destroy();
+  }
+  Node peer;
+  std::shared_ptr<Qp> qp;
+};
+
+// A pure sink (Qp::kSinkOctets in since its last PostSend) whose receive CQ
+// has other drivers leaves reading to the progress thread and its polls may
+// sleep on the CQ: every Send of a stream still completes once, in order,
+// with its data, and after the stream an empty poll of the sink sleeps
+// (bounded) on the CQ, not on the socket.
+TEST_F(PollProgressTest, SinkSharingItsCqLeavesReadingToTheProgressThreadAndLosesNothing) {
   Link(a_, b_, Transport::kTcp, {});
+  SecondQpOnTheCqs second(b_, a_.engine);
   b_.recv_cq->set_poll_wait(std::chrono::microseconds(200));
   SinkStream stream(a_, b_);
   constexpr std::uint64_t kMessages = 2 * (Qp::kSinkOctets / SinkStream::kSize);
   ASSERT_EQ(stream.Run(kMessages), kMessages);
+  ASSERT_FALSE(b_.recv_cq->single_driver());
   std::array<WorkCompletion, 16> batch;
   const std::uint64_t waits = b_.recv_cq->poll_waits();
   ASSERT_EQ(b_.recv_cq->PollWithProgress(batch), 0u);
   EXPECT_EQ(b_.recv_cq->poll_waits(), waits + 1);
+  EXPECT_EQ(b_.recv_cq->input_waits(), 0u);
+}
+
+// A sink alone on its receive CQ reads its own stream (run to completion)
+// and, when the socket is empty, sleeps on the socket instead of on the CQ
+// (PollDriver::WaitForInput; docs/performance-notes.md 3.16): every Send
+// completes once, in order, with its data, the polls took receive turns,
+// and after the stream an empty poll sleeps on the socket.
+TEST_F(PollProgressTest, SinkAloneOnItsCqReadsItsOwnStreamAndSleepsOnItsSocket) {
+  Link(a_, b_, Transport::kTcp, {});
+  b_.recv_cq->set_poll_wait(std::chrono::microseconds(200));
+  SinkStream stream(a_, b_);
+  constexpr std::uint64_t kMessages = 2 * (Qp::kSinkOctets / SinkStream::kSize);
+  const std::uint64_t turns = b_.qp->poll_receive_turns();
+  ASSERT_EQ(stream.Run(kMessages), kMessages);
+  ASSERT_TRUE(b_.recv_cq->single_driver());
+  EXPECT_GT(b_.qp->poll_receive_turns(), turns);
+  std::array<WorkCompletion, 16> batch;
+  ASSERT_EQ(b_.recv_cq->PollWithProgress(batch), 0u);  // polls this CQ only from now on
+  const std::uint64_t waits = b_.recv_cq->poll_waits();
+  const std::uint64_t input_waits = b_.recv_cq->input_waits();
+  ASSERT_EQ(b_.recv_cq->PollWithProgress(batch), 0u);
+  EXPECT_EQ(b_.recv_cq->input_waits(), input_waits + 1);
+  EXPECT_EQ(b_.recv_cq->poll_waits(), waits);
+  // A message that arrives after such a sleep is still read and completes.
+  ASSERT_EQ(stream.Run(4), 4u);
+}
+
+// The receive side of one sink QP changes hands while the stream runs: its
+// poller reads (read lease held, sleeping on the socket when it is empty),
+// stops polling for a few lease lengths (the lease lapses: the progress
+// thread reads and pushes), and takes the stream back. Every Send completes
+// once, in order, with its data (the race that TSan checks).
+TEST_F(PollProgressTest, SinkPollerAndProgressThreadHandTheStreamBackAndForth) {
+  Link(a_, b_, Transport::kTcp, {});
+  b_.recv_cq->set_poll_wait(std::chrono::microseconds(200));
+  SinkStream stream(a_, b_);
+  constexpr std::uint64_t kMessages = 3 * (Qp::kSinkOctets / SinkStream::kSize);
+  ASSERT_EQ(stream.Run(kMessages, std::chrono::microseconds(3000)), kMessages);
 }
 
 // A sink that posts now and then, sometimes two posts close together (the
@@ -905,12 +977,15 @@ TEST_F(PollProgressTest, SinkStaysASinkAfterTwoPostsCloseTogether) {
   const std::uint64_t waits = b_.recv_cq->poll_waits();
   const std::uint64_t turns = b_.qp->poll_receive_turns();
   const std::uint64_t long_waits = b_.recv_cq->long_poll_waits();
+  const std::uint64_t input_waits = b_.recv_cq->input_waits();
   for (int i = 0; i < 4; ++i) ASSERT_EQ(b_.recv_cq->PollWithProgress(batch), 0u);
-  EXPECT_EQ(b_.recv_cq->poll_waits(), waits + 4);
-  EXPECT_EQ(b_.qp->poll_receive_turns(), turns);
-  // A sink's waits last until the progress thread's push, up to
-  // kPollWaitForDuePush, not the short wait set above (performance-notes 3.12).
-  EXPECT_EQ(b_.recv_cq->long_poll_waits(), long_waits + 4);
+  // Alone on its receive CQ, a sink reads its own stream and sleeps on its
+  // socket (performance-notes 3.16): each empty poll one such sleep, then
+  // one receive turn; a QP that is no sink would spin (no sleep at all).
+  EXPECT_EQ(b_.recv_cq->input_waits(), input_waits + 4);
+  EXPECT_EQ(b_.recv_cq->poll_waits(), waits);
+  EXPECT_GE(b_.qp->poll_receive_turns(), turns + 4);
+  EXPECT_EQ(b_.recv_cq->long_poll_waits(), long_waits);
 }
 
 // ---- Back-to-back posts share one sendmsg (Qp::PostSendList,
