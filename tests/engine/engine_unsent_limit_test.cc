@@ -80,7 +80,7 @@ class UnsentLimitTest : public ::testing::Test {
     for (auto& qp : qps_) qp->Destroy();
     qps_.clear();
     for (int fd : peers_) close(fd);
-    engine_.reset();
+    // engine_ goes last (the first member): src_ deregisters from it.
   }
 
   PostStatus PostWrite(std::size_t stream, std::uint64_t wr_id) {
