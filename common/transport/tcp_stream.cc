@@ -97,13 +97,6 @@ int TcpStream::SetUnsentLimit(std::size_t octets) {
   return setsockopt(fd_, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &value, sizeof(value)) == 0 ? 0 : errno;
 }
 
-long TcpStream::UnsentLimit() const {
-  int value = 0;
-  socklen_t length = sizeof(value);
-  if (getsockopt(fd_, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &value, &length) != 0) return -1;
-  return value;
-}
-
 void TcpStream::Abort() {
   linger l{1, 0};
   setsockopt(fd_, SOL_SOCKET, SO_LINGER, &l, sizeof(l));

@@ -63,8 +63,6 @@ class TcpStream {
   // limit unless net.ipv4.tcp_notsent_lowat says otherwise). Returns 0 or
   // an errno value (a socket that is not TCP has no such limit).
   int SetUnsentLimit(std::size_t octets);
-  // The limit set on the socket (0: the system's default), or -1.
-  long UnsentLimit() const;
 
   int fd() const { return fd_; }
 
