@@ -84,6 +84,26 @@ inline constexpr std::chrono::microseconds kMaxProgressSpin{1000};
 inline constexpr std::size_t kDefaultTxCoalesceOctets = std::size_t{1} << 20;
 inline constexpr std::size_t kMaxTxCoalesceOctets = std::size_t{16} << 20;
 
+// Many streams that all wait for their peers (sockets found full) share
+// this many octets of data written but not yet sent, each its equal part
+// rounded down to a power of two, never below kMinUnsentLimit; a stream
+// that waits alone has no limit (TCP_NOTSENT_LOWAT, the kernel's default).
+// With 64 QPs each socket held 4 MiB unsent, 240 MiB in all: the octets
+// went cold in memory before the receiver copied them, and every window
+// update of the one receiving thread transmitted a queue of the sender's
+// in that thread (docs/performance-notes.md 3.14).
+inline constexpr std::size_t kUnsentBudget = std::size_t{4} << 20;
+inline constexpr std::size_t kMinUnsentLimit = std::size_t{64} << 10;
+// The unsent limit of each socket while `blocked_streams` wait (0: none).
+constexpr std::size_t UnsentLimitFor(std::size_t blocked_streams) {
+  if (blocked_streams < 2) return 0;
+  std::size_t limit = kUnsentBudget;
+  for (std::size_t share = 1; share < blocked_streams && limit > kMinUnsentLimit; share *= 2) {
+    limit /= 2;
+  }
+  return limit;
+}
+
 struct EngineConfig {
   MemoryTable::Options memory;
   AsyncEventCallback on_async_event;  // called on the thread that found the event
@@ -149,6 +169,12 @@ class Engine {
   }
   std::uint64_t responder_spin_catches() const {
     return responder_spin_catches_.load(std::memory_order_relaxed);
+  }
+
+  // QPs whose socket is full (write interest armed), and the unsent limit
+  // their sockets get (UnsentLimitFor).
+  std::size_t tx_blocked_streams() const {
+    return tx_blocked_streams_.load(std::memory_order_relaxed);
   }
 
  private:
@@ -229,6 +255,8 @@ class Engine {
   ResponderSpin::Wake wake_ = ResponderSpin::Wake::kLate;
   std::atomic<std::uint64_t> responder_spin_arms_{0};
   std::atomic<std::uint64_t> responder_spin_catches_{0};
+  // Qp::SetTxBlocked.
+  std::atomic<std::size_t> tx_blocked_streams_{0};
   // Notes from application threads; the rest is the progress thread's.
   ProgressPlacement placement_;
   std::atomic<pid_t> progress_tid_{0};

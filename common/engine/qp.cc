@@ -921,7 +921,8 @@ void Qp::Attach() {
       std::lock_guard lock(poll_mutex_);
       poll_fd_ = stream_->fd();
       want_write_ = false;
-      tx_blocked_.store(false, std::memory_order_relaxed);
+      SetTxBlocked(false);
+      unsent_limit_.store(0, std::memory_order_relaxed);  // a new socket: the default
       read_closed_ = false;
       read_leased_ = false;
       add_error = engine_->poller().Add(poll_fd_, this, /*want_read=*/true, /*want_write=*/false);
@@ -1416,14 +1417,35 @@ int Qp::ApplyPollInterest(bool read, bool write) {
 }
 
 bool Qp::SetWriteInterest(bool want) {
-  std::lock_guard lock(poll_mutex_);
-  if (!polled_) return false;
-  if (want_write_ != want) {
-    if (ApplyPollInterest(!read_closed_ && !read_leased_, want) != 0) return false;
-    want_write_ = want;
-    tx_blocked_.store(want, std::memory_order_relaxed);
+  {
+    std::lock_guard lock(poll_mutex_);
+    if (!polled_) return false;
+    if (want_write_ != want) {
+      if (ApplyPollInterest(!read_closed_ && !read_leased_, want) != 0) return false;
+      want_write_ = want;
+      SetTxBlocked(want);
+    }
+  }
+  // The socket is full: its share of the unsent octets of every stream
+  // that waits now (performance-notes 3.14). The transmit side is ours
+  // (the gate), so stream_ stays.
+  if (want && stream_) {
+    const std::size_t limit = UnsentLimitFor(engine_->tx_blocked_streams());
+    if (limit != unsent_limit_.load(std::memory_order_relaxed) &&
+        stream_->SetUnsentLimit(limit) == 0) {
+      unsent_limit_.store(limit, std::memory_order_relaxed);
+    }
   }
   return true;
+}
+
+void Qp::SetTxBlocked(bool blocked) {
+  if (tx_blocked_.exchange(blocked, std::memory_order_relaxed) == blocked) return;
+  if (blocked) {
+    engine_->tx_blocked_streams_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    engine_->tx_blocked_streams_.fetch_sub(1, std::memory_order_relaxed);
+  }
 }
 
 void Qp::StopReading() {
@@ -1439,7 +1461,7 @@ void Qp::StopPolling() {
   ApplyPollInterest(false, false);
   polled_ = false;
   want_write_ = false;
-  tx_blocked_.store(false, std::memory_order_relaxed);
+  SetTxBlocked(false);
   read_leased_ = false;
 }
 

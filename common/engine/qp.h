@@ -307,6 +307,10 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // 64 KiB write per sendmsg reached about a third of what 1 MiB writes
   // do (docs/performance-notes.md 3.13).
   static constexpr std::chrono::milliseconds kTxCoalesceDelay{1};
+  // The unsent limit (TCP_NOTSENT_LOWAT) set on the socket when it was last
+  // found full, from the streams of the engine that waited then
+  // (UnsentLimitFor; 0: the system's default). Tests.
+  std::size_t unsent_limit() const { return unsent_limit_.load(std::memory_order_relaxed); }
   // Posts whose transmit waited for one of the above (tests).
   std::uint64_t coalesced_posts() const {
     return coalesced_posts_.load(std::memory_order_relaxed);
@@ -569,6 +573,9 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // want_write_ for readers without poll_mutex_ (PollMayWait): the socket
   // was full and the transmit side waits for EPOLLOUT.
   std::atomic<bool> tx_blocked_{false};
+  // Sets tx_blocked_ and counts it in the engine (Engine::tx_blocked_streams);
+  // poll_mutex_ held.
+  void SetTxBlocked(bool blocked);
   bool read_closed_ = false;  // guarded by poll_mutex_
   // Read interest is off while an application thread drives the receive
   // side from its CQ polls (the read lease), so the progress thread is not
@@ -635,6 +642,9 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // are accounted (IRD count included); see WaitForSendAccounting.
   std::atomic<bool> send_accounting_{false};
   std::unique_ptr<transport::TcpStream> stream_;
+  // The TCP_NOTSENT_LOWAT last set on stream_ (0: the system's default);
+  // written by the gate holder, atomic for unsent_limit().
+  std::atomic<std::size_t> unsent_limit_{0};
   QpTx tx_;
 
   // The receive side runs on the progress thread, or on an application

@@ -11,7 +11,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <climits>
 
 #include "common/trace/stream_trace.h"
 
@@ -89,6 +91,11 @@ std::size_t TcpStream::EffectiveMss() const {
 }
 
 void TcpStream::ShutdownWrite() { shutdown(fd_, SHUT_WR); }
+
+int TcpStream::SetUnsentLimit(std::size_t octets) {
+  const int value = static_cast<int>(std::min<std::size_t>(octets, INT_MAX));
+  return setsockopt(fd_, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &value, sizeof(value)) == 0 ? 0 : errno;
+}
 
 void TcpStream::Abort() {
   linger l{1, 0};

@@ -58,6 +58,11 @@ class TcpStream {
   // Closes with RST instead of FIN (SO_LINGER 0): the abortive close of
   // RFC 5040 for a stream in error.
   void Abort();
+  // How many octets the socket may hold that were not sent yet before a
+  // write finds it full (TCP_NOTSENT_LOWAT); 0: the system's default (no
+  // limit unless net.ipv4.tcp_notsent_lowat says otherwise). Returns 0 or
+  // an errno value (a socket that is not TCP has no such limit).
+  int SetUnsentLimit(std::size_t octets);
 
   int fd() const { return fd_; }
 

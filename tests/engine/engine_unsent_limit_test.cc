@@ -1,0 +1,211 @@
+// SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
+// Streams of one engine that all wait for their peers share an unsent budget
+// (UnsentLimitFor, TCP_NOTSENT_LOWAT): a socket found full gets its share
+// of kUnsentBudget for the streams waiting then, a stream that waits alone
+// keeps the system's default, and the count of waiting streams stays right
+// while application threads and the progress thread transmit on many QPs
+// of one CQ at once (docs/performance-notes.md 3.14). The peers are raw
+// TCP sockets that the test reads when it wants the streams to move.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "engine/engine_test_util.h"
+
+namespace siwx::engine::testing {
+namespace {
+
+TEST(UnsentLimitForTest, EachDoublingOfTheWaitingStreamsHalvesTheShare) {
+  EXPECT_EQ(UnsentLimitFor(0), 0u);
+  EXPECT_EQ(UnsentLimitFor(1), 0u);  // alone: the system's default
+  EXPECT_EQ(UnsentLimitFor(2), kUnsentBudget / 2);
+  EXPECT_EQ(UnsentLimitFor(3), kUnsentBudget / 4);
+  EXPECT_EQ(UnsentLimitFor(4), kUnsentBudget / 4);
+  EXPECT_EQ(UnsentLimitFor(5), kUnsentBudget / 8);
+  EXPECT_EQ(UnsentLimitFor(33), kMinUnsentLimit);
+  EXPECT_EQ(UnsentLimitFor(64), kMinUnsentLimit);
+  EXPECT_EQ(UnsentLimitFor(100000), kMinUnsentLimit);
+}
+
+long SocketUnsentLimit(int fd) {
+  int value = -1;
+  socklen_t length = sizeof(value);
+  if (getsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &value, &length) != 0) return -1;
+  return value;
+}
+
+// kStreams sender QPs on one engine and one send CQ, each bound to a TCP
+// socket whose other end (a raw socket) only Drain reads.
+class UnsentLimitTest : public ::testing::Test {
+ protected:
+  static constexpr std::size_t kStreams = 4;
+  static constexpr std::uint32_t kSize = 64 * 1024;
+
+  UnsentLimitTest() : src_(kSize) {
+    engine_ = Engine::Create(EngineConfig{});
+    EXPECT_NE(engine_, nullptr);
+    pd_ = engine_->memory().AllocatePd();
+    send_cq_ = CompletionQueue::Create(4096, {});
+    recv_cq_ = CompletionQueue::Create(64, {});
+    src_.Fill(5);
+    lkey_ = src_.Register(engine_->memory(), pd_, AccessFlags::kLocalWrite);
+    for (std::size_t i = 0; i < kStreams; ++i) {
+      QpConfig config;
+      config.pd = pd_;
+      config.send_cq = send_cq_.get();
+      config.recv_cq = recv_cq_.get();
+      config.sq_caps = QueueCaps{256, kMaxSge, kMaxInlineData};
+      config.rq_caps = QueueCaps{16, kMaxSge, 0};
+      std::shared_ptr<Qp> qp = engine_->CreateQp(config);
+      EXPECT_NE(qp, nullptr);
+      if (qp == nullptr) return;
+      EXPECT_EQ(qp->Modify(QpState::kInit), QpStatus::kOk);
+      const std::array<int, 2> fds = Connect(Transport::kTcp);
+      EXPECT_EQ(qp->Bind(std::make_unique<transport::TcpStream>(fds[0]), StreamParams{}),
+                BindStatus::kOk);
+      ours_.push_back(fds[0]);  // owned by the QP's stream; looked at only
+      peers_.push_back(fds[1]);
+      qps_.push_back(std::move(qp));
+    }
+  }
+  ~UnsentLimitTest() override {
+    StopDrain();
+    for (auto& qp : qps_) qp->Destroy();
+    qps_.clear();
+    for (int fd : peers_) close(fd);
+    // engine_ goes last (the first member): src_ deregisters from it.
+  }
+
+  PostStatus PostWrite(std::size_t stream, std::uint64_t wr_id) {
+    SendWorkRequest wr = MakeSend(wr_id, SendOpcode::kRdmaWrite);
+    AddSge(wr, src_.addr(), kSize, lkey_);
+    wr.rkey = 1;  // the raw peer checks nothing
+    wr.remote_addr = 0;
+    return qps_[stream]->PostSend(wr);
+  }
+
+  // Reads and drops everything the peers get, until StopDrain.
+  void StartDrain() {
+    drain_ = std::thread([this] {
+      std::vector<std::uint8_t> sink(256 * 1024);
+      while (!stop_drain_.load()) {
+        std::vector<pollfd> fds;
+        for (int fd : peers_) fds.push_back(pollfd{fd, POLLIN, 0});
+        if (poll(fds.data(), fds.size(), 10) <= 0) continue;
+        for (const pollfd& p : fds) {
+          if ((p.revents & POLLIN) != 0) {
+            const ssize_t n = recv(p.fd, sink.data(), sink.size(), MSG_DONTWAIT);
+            if (n > 0) drained_.fetch_add(static_cast<std::uint64_t>(n));
+          }
+        }
+      }
+    });
+  }
+  void StopDrain() {
+    stop_drain_.store(true);
+    if (drain_.joinable()) drain_.join();
+  }
+
+  std::unique_ptr<Engine> engine_;
+  PdId pd_ = kNoPd;
+  std::unique_ptr<CompletionQueue> send_cq_;
+  std::unique_ptr<CompletionQueue> recv_cq_;
+  Buffer src_;
+  std::uint32_t lkey_ = 0;
+  std::vector<std::shared_ptr<Qp>> qps_;
+  std::vector<int> ours_;
+  std::vector<int> peers_;
+  std::thread drain_;
+  std::atomic<bool> stop_drain_{false};
+  std::atomic<std::uint64_t> drained_{0};
+};
+
+// Streams fill one after the other: the first waits alone and keeps the
+// system's default, each later one gets the share for the streams waiting
+// when its socket was found full; once the peers read, every Write
+// completes and no stream counts as waiting any more.
+TEST_F(UnsentLimitTest, EachStreamFoundFullGetsItsShareAndEveryWriteCompletes) {
+  ASSERT_EQ(qps_.size(), kStreams);
+  constexpr std::uint64_t kWrites = 200;  // 12.5 MiB: more than both socket buffers
+  std::size_t completed = 0;
+  std::array<WorkCompletion, 64> batch;
+  for (std::size_t i = 0; i < kStreams; ++i) {
+    for (std::uint64_t w = 0; w < kWrites; ++w) {
+      ASSERT_EQ(PostWrite(i, i * kWrites + w), PostStatus::kOk);
+      completed += send_cq_->Poll(batch);  // transmits coalesced posts
+    }
+    ASSERT_TRUE(WaitUntil([&] {
+      completed += send_cq_->Poll(batch);
+      return engine_->tx_blocked_streams() == i + 1;
+    })) << "stream " << i << " never found its socket full";
+    EXPECT_EQ(qps_[i]->unsent_limit(), UnsentLimitFor(i + 1)) << "stream " << i;
+    EXPECT_EQ(SocketUnsentLimit(ours_[i]), static_cast<long>(UnsentLimitFor(i + 1)));
+  }
+  EXPECT_EQ(qps_[0]->unsent_limit(), 0u);
+  EXPECT_EQ(qps_[kStreams - 1]->unsent_limit(), kUnsentBudget / 4);
+  EXPECT_LT(completed, kStreams * kWrites);
+
+  StartDrain();
+  completed += WaitCompletions(*send_cq_, kStreams * kWrites - completed).size();
+  EXPECT_EQ(completed, kStreams * kWrites);
+  EXPECT_TRUE(WaitUntil([&] { return engine_->tx_blocked_streams() == 0; }));
+}
+
+// Two application threads post and poll the one CQ of all the streams (as
+// perftest's -q does) while the progress thread transmits on EPOLLOUT and
+// the peers read in bursts, so sockets fill and drain over and over: every
+// Write completes exactly once, and when all is sent no stream counts as
+// waiting (the count went up and down once per change, under TSan too).
+TEST_F(UnsentLimitTest, PostersPollersAndTheProgressThreadRaceOnManyStreams) {
+  ASSERT_EQ(qps_.size(), kStreams);
+  constexpr std::uint64_t kWritesPerStream = 300;
+  constexpr std::uint64_t kTotal = kStreams * kWritesPerStream;
+  std::vector<std::atomic<int>> seen(kTotal);
+  std::atomic<std::uint64_t> completed{0};
+  std::atomic<bool> failed{false};
+  StartDrain();
+  auto poster = [&](std::size_t first_stream) {
+    std::array<std::uint64_t, kStreams> posted{};
+    std::array<WorkCompletion, 16> batch;
+    const auto deadline = Clock::now() + kWait;
+    while (completed.load() < kTotal && Clock::now() < deadline) {
+      for (std::size_t i = first_stream; i < kStreams; i += 2) {
+        // Up to 8 back to back per stream, as long as its SQ has room.
+        for (int k = 0; k < 8 && posted[i] < kWritesPerStream; ++k) {
+          const std::uint64_t id = i * kWritesPerStream + posted[i];
+          const PostStatus status = PostWrite(i, id);
+          if (status == PostStatus::kQueueFull) break;
+          if (status != PostStatus::kOk) failed.store(true);
+          ++posted[i];
+        }
+      }
+      const std::size_t got = send_cq_->PollWithProgress(batch);
+      for (std::size_t k = 0; k < got; ++k) {
+        if (batch[k].status != WcStatus::kSuccess || batch[k].wr_id >= kTotal) {
+          failed.store(true);
+          continue;
+        }
+        seen[batch[k].wr_id].fetch_add(1);
+      }
+      completed.fetch_add(got);
+    }
+  };
+  std::thread first(poster, 0);
+  std::thread second(poster, 1);
+  first.join();
+  second.join();
+  EXPECT_FALSE(failed.load());
+  EXPECT_EQ(completed.load(), kTotal);
+  for (std::uint64_t id = 0; id < kTotal; ++id) EXPECT_EQ(seen[id].load(), 1) << "wr " << id;
+  EXPECT_TRUE(WaitUntil([&] { return engine_->tx_blocked_streams() == 0; }));
+}
+
+}  // namespace
+}  // namespace siwx::engine::testing
