@@ -51,11 +51,23 @@ void CountEmptyPoll() {
 thread_local bool tls_defer_wakes = false;
 thread_local std::vector<CompletionQueue*> tls_deferred_wakes;
 
+// Progress threads of this process whose responder spin is on
+// (CompletionQueue::NoteResponderSpin).
+std::atomic<int> spinning_responders{0};
+
 // The CQ this thread last polled empty with progress: a poll may wait only
 // on a thread that polls this CQ and no other (one that polls several in
 // turn would hold the others' completions back while it slept on one).
 thread_local const CompletionQueue* tls_last_polled = nullptr;
 }  // namespace
+
+void CompletionQueue::NoteResponderSpin(bool spinning) {
+  spinning_responders.fetch_add(spinning ? 1 : -1, std::memory_order_relaxed);
+}
+
+bool CompletionQueue::AnyResponderSpins() {
+  return spinning_responders.load(std::memory_order_relaxed) > 0;
+}
 
 void CompletionQueue::SetEmptyPollsBeforeYield(std::uint32_t polls) {
   empty_polls_before_yield.store(polls, std::memory_order_relaxed);
@@ -360,7 +372,8 @@ void CompletionQueue::WaitForPush(bool push_due) {
   if (!pushed) poll_wait_timeouts_.fetch_add(1, std::memory_order_relaxed);
   next_poll_wait_us_.store(
       NextPollWait(poll_wait_, backoff,
-                   pushed ? PollWaitOutcome::kActivity : PollWaitOutcome::kRanOut)
+                   pushed ? PollWaitOutcome::kActivity : PollWaitOutcome::kRanOut,
+                   AnyResponderSpins())
           .count(),
       std::memory_order_relaxed);
 }

@@ -233,6 +233,11 @@ class CompletionQueue {
   // 64 KiB Send receiver timed out 50 us waits several times per message,
   // each a wake-up of its own (docs/performance-notes.md 3.12).
   static constexpr std::chrono::microseconds kPollWaitForDuePush{1000};
+  // Process-wide: an engine's progress thread started (true) or stopped
+  // (false) its responder spin (responder_spin.h). While any spins, waits
+  // that run out grow up to kMaxPollWaitBesideSpin (poll_wait_backoff.h).
+  static void NoteResponderSpin(bool spinning);
+  static bool AnyResponderSpins();
   void set_poll_wait(std::chrono::microseconds wait) {
     poll_wait_ = wait;
     next_poll_wait_us_.store(wait.count(), std::memory_order_relaxed);

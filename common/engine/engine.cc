@@ -180,7 +180,10 @@ void Engine::Run() {
     if (responder_spin_.OnWakeupHandled(wake_)) {
       responder_spin_arms_.fetch_add(1, std::memory_order_relaxed);
     }
+    NoteResponderSpin();
   }
+  if (spin_noted_) CompletionQueue::NoteResponderSpin(false);
+  spin_noted_ = false;
   CompletionQueue::DeferWakesOnThisThread(false);
 }
 
@@ -234,11 +237,19 @@ int Engine::WaitAfterResponderSpin(std::span<transport::Poller::Event> events,
     }
     if (stop_.load(std::memory_order_relaxed)) return 0;
     responder_spin_.OnSpinFoundNothing();
+    NoteResponderSpin();
   }
   const Clock::time_point sleep_start = Clock::now();
   const int n = poller_.Wait(events, timeout_ms);
   if (n > 0 && responder_spin_.SleptBriefly(Clock::now() - sleep_start)) wake_ = Wake::kSoon;
   return n;
+}
+
+void Engine::NoteResponderSpin() {
+  const bool spinning = responder_spin_.budget() > std::chrono::nanoseconds::zero();
+  if (spinning == spin_noted_) return;
+  spin_noted_ = spinning;
+  CompletionQueue::NoteResponderSpin(spinning);
 }
 
 int Engine::Spin(std::span<transport::Poller::Event> events, std::chrono::nanoseconds budget,

@@ -211,6 +211,10 @@ class Engine {
   // `*at_once`: its first poll found it.
   int Spin(std::span<transport::Poller::Event> events, std::chrono::nanoseconds budget,
            std::chrono::nanoseconds yield_after, bool* at_once);
+  // Tells CompletionQueue::NoteResponderSpin when the responder spin's
+  // budget went from zero to some or back (pollers of this process then
+  // wait longer between wake-ups: poll_wait_backoff.h).
+  void NoteResponderSpin();
   // Qp, any thread: a Read Request of `size` octets was queued, the QP now
   // owing `outstanding` Responses; tells the responder spin when that
   // thread is the progress thread.
@@ -253,6 +257,7 @@ class Engine {
   // began (found by that spin, or after a brief sleep).
   ResponderSpin responder_spin_;
   ResponderSpin::Wake wake_ = ResponderSpin::Wake::kLate;
+  bool spin_noted_ = false;  // what NoteResponderSpin last told the CQs
   std::atomic<std::uint64_t> responder_spin_arms_{0};
   std::atomic<std::uint64_t> responder_spin_catches_{0};
   // Qp::SetTxBlocked.

@@ -21,9 +21,12 @@
 // spin die out after a few halvings (about 2 x max of CPU in all).
 // Streams of Reads never arm it, and a wake-up that sees one stops it: a
 // Read above kSmallRead, or a Request queued while its QP still owes an
-// earlier Response (ib_read_bw keeps many outstanding), or a small Request
-// found by the spin's first poll (Wake::kAtOnce: it did not wait for the
-// previous Response). Their responder is busy anyway, and a spinning one
+// earlier Response (ib_read_bw keeps many outstanding), or small Requests
+// found by the spin's first poll at two wake-ups in a row (Wake::kAtOnce:
+// they did not wait for the previous Response; one alone is also what a
+// ping-pong looks like when this thread was preempted between a Response
+// and its spin, docs/performance-notes.md 3.15). Their responder is busy
+// anyway, and a spinning one
 // took CPU from the requester: 64-octet ib_read_bw lost 10-30% with an
 // earlier rule that armed on any small Read. After kYieldAfter of empty
 // polling the spin yields between polls (Engine::WaitAfterResponderSpin).
@@ -74,11 +77,19 @@ class ResponderSpin {
   };
   // The events of one wake-up were handled. A Read Request that was already
   // waiting when the spin began came without waiting for the previous
-  // Response: a stream, which stops the spin; a ping-pong's next Request
-  // needs the Response to reach the requester first. Returns true if the
+  // Response, as in a stream; a ping-pong's next Request needs the Response
+  // to reach the requester first. But a responder preempted right after its
+  // Response (a woken thread took its CPU for 10-30 us) also finds the next
+  // Request at once, so only a second such wake-up in a row stops the spin:
+  // a stream shows itself at every wake-up, a preemption once (stopping
+  // there put the responder to sleep, and the next Request waited for its
+  // wake-up too). The first neither arms nor stops. Returns true if the
   // spin was (re)armed to its full length.
   bool OnWakeupHandled(Wake wake) {
-    if (small_read_ && wake == Wake::kAtOnce) stream_ = true;
+    if (small_read_) {
+      if (wake == Wake::kAtOnce && read_at_once_before_) stream_ = true;
+      read_at_once_before_ = wake == Wake::kAtOnce;
+    }
     const bool arm = small_read_ && !stream_ && wake == Wake::kSoon &&
                      max_ > std::chrono::nanoseconds::zero();
     if (stream_) budget_ = {};
@@ -96,6 +107,8 @@ class ResponderSpin {
   // Since the last OnWakeupHandled.
   bool small_read_ = false;
   bool stream_ = false;
+  // The last wake-up that queued a small Read found it at once.
+  bool read_at_once_before_ = false;
 };
 
 }  // namespace siwx::engine

@@ -571,6 +571,40 @@ TEST(CompletionQueuePollWait, WaitsWithNothingPushedGrowAndActivityResetsThem) {
   cq->RemoveDriver(&driver);
 }
 
+// While an engine of the process says its responder spins, the waits grow
+// to kMaxPollWaitBesideSpin instead (docs/performance-notes.md 3.15); once
+// it says the spin stopped, the next one that runs out is back within
+// kMaxPollWait. Counts waits, not time, as above.
+TEST(CompletionQueuePollWait, WaitsGrowFurtherWhileAResponderSpins) {
+  auto cq = CompletionQueue::Create(8, {});
+  FakeDriver driver;
+  cq->AddDriver(&driver);
+  const std::chrono::microseconds configured(1);
+  cq->set_poll_wait(configured);
+  std::array<WorkCompletion, 4> out;
+  ASSERT_FALSE(CompletionQueue::AnyResponderSpins());
+  CompletionQueue::NoteResponderSpin(true);
+  CompletionQueue::NoteResponderSpin(true);  // two engines
+  CompletionQueue::NoteResponderSpin(false);
+  EXPECT_TRUE(CompletionQueue::AnyResponderSpins());
+  OnFreshThread([&] {
+    ASSERT_EQ(cq->PollWithProgress(out), 0u);  // notes the CQ; no wait yet
+    std::chrono::microseconds expected = configured;
+    for (int i = 0; i < 14; ++i) {
+      EXPECT_EQ(cq->next_poll_wait(), expected) << "wait " << i;
+      ASSERT_EQ(cq->PollWithProgress(out), 0u);
+      expected = std::min(expected * 2, kMaxPollWaitBesideSpin);
+    }
+    EXPECT_EQ(cq->next_poll_wait(), kMaxPollWaitBesideSpin);
+    CompletionQueue::NoteResponderSpin(false);
+    EXPECT_FALSE(CompletionQueue::AnyResponderSpins());
+    ASSERT_EQ(cq->PollWithProgress(out), 0u);
+    EXPECT_EQ(cq->next_poll_wait(), kMaxPollWait);
+    EXPECT_EQ(cq->poll_wait_timeouts(), 15u);
+  });
+  cq->RemoveDriver(&driver);
+}
+
 // A thread that polls two CQs in turn never sleeps on either: while it
 // slept on one, the other's completions would wait.
 TEST(CompletionQueuePollWait, ThreadPollingTwoCqsInTurnNeverWaits) {

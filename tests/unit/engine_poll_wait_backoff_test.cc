@@ -31,6 +31,24 @@ TEST(PollWaitBackoff, ActivityBringsBackTheConfiguredWait) {
   EXPECT_EQ(NextPollWait(configured, configured, PollWaitOutcome::kActivity), configured);
 }
 
+// While a responder spins in the process, waits grow further: each
+// wake-up of an idle poller took a CPU from the Read ping-pong
+// (docs/performance-notes.md 3.15). Activity still resets them.
+TEST(PollWaitBackoff, BesideASpinningResponderWaitsGrowToTheLongerBound) {
+  const microseconds configured(50);
+  microseconds wait = kMaxPollWait;
+  const microseconds expected[] = {microseconds(2000), microseconds(4000),
+                                   kMaxPollWaitBesideSpin, kMaxPollWaitBesideSpin};
+  for (const microseconds next : expected) {
+    wait = NextPollWait(configured, wait, PollWaitOutcome::kRanOut, /*beside_spin=*/true);
+    EXPECT_EQ(wait, next);
+  }
+  EXPECT_EQ(NextPollWait(configured, wait, PollWaitOutcome::kActivity, true), configured);
+  // The spin ended: the next wait is back within the usual bound.
+  EXPECT_EQ(NextPollWait(configured, wait, PollWaitOutcome::kRanOut, false), kMaxPollWait);
+  EXPECT_EQ(NextPollWait(microseconds(0), wait, PollWaitOutcome::kRanOut, true).count(), 0);
+}
+
 // A configured wait above the bound is kept as it is, never shortened.
 TEST(PollWaitBackoff, AConfiguredWaitAboveTheBoundStays) {
   const microseconds configured = kMaxPollWait * 3;
