@@ -899,13 +899,17 @@ TEST_F(PollProgressTest, SinkSharingItsCqLeavesReadingToTheProgressThreadAndLose
 
 // A sink alone on its receive CQ reads its own stream (run to completion)
 // and, when the socket is empty, sleeps on the socket instead of on the CQ
-// (PollDriver::WaitForInput; docs/performance-notes.md 3.16): every Send
-// completes once, in order, with its data, the polls took receive turns,
-// and after the stream an empty poll sleeps on the socket.
+// (PollDriver::WaitForInput; docs/performance-notes.md 3.16). b's progress
+// thread is held, so only b's polls can read: a sink left to that thread
+// would stall the stream once kSinkOctets came in. Every Send completes
+// once, in order, with its data, and after the stream an empty poll sleeps
+// on the socket.
 TEST_F(PollProgressTest, SinkAloneOnItsCqReadsItsOwnStreamAndSleepsOnItsSocket) {
   Link(a_, b_, Transport::kTcp, {});
   b_.recv_cq->set_poll_wait(std::chrono::microseconds(200));
   SinkStream stream(a_, b_);
+  ProgressThreadBlocker blocker(b_, a_.engine);
+  ASSERT_TRUE(blocker.Block());
   constexpr std::uint64_t kMessages = 2 * (Qp::kSinkOctets / SinkStream::kSize);
   const std::uint64_t turns = b_.qp->poll_receive_turns();
   ASSERT_EQ(stream.Run(kMessages), kMessages);
@@ -920,6 +924,7 @@ TEST_F(PollProgressTest, SinkAloneOnItsCqReadsItsOwnStreamAndSleepsOnItsSocket) 
   EXPECT_EQ(b_.recv_cq->poll_waits(), waits);
   // A message that arrives after such a sleep is still read and completes.
   ASSERT_EQ(stream.Run(4), 4u);
+  EXPECT_TRUE(blocker.blocked());
 }
 
 // The receive side of one sink QP changes hands while the stream runs: its
