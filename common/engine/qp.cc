@@ -1296,30 +1296,26 @@ bool Qp::PollMayWait(const CompletionQueue& polled) {
   if (lease_until == 0 && !reads && rq_->size() == 0) return true;
   // A sink that reads its own stream (DriveFromPoll) keeps its lease: the
   // wait is on its socket (WaitForInput), which only a single driver gets.
-  if (ReadsOwnInput(polled, tx_blocked)) return true;
+  if (ReadsOwnInput(polled)) return true;
   const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
   if (!StreamLeftToProgress(now)) return false;
   if (lease_until != 0) EndReadLease();
   return true;
 }
 
-bool Qp::ReadsOwnInput(const CompletionQueue& polled, bool tx_blocked) {
+bool Qp::ReadsOwnInput(const CompletionQueue& polled) {
   if (&polled != config_.recv_cq || !polled.single_driver() || rq_->size() == 0 ||
       read_lease_until_.load(std::memory_order_relaxed) == 0 || !IsSink()) {
     return false;
   }
   // Send completions that EPOLLOUT will push come from the progress thread:
   // the CQ's own wait, which that push ends.
-  if (tx_blocked) {
-    std::lock_guard lock(queue_mutex_);
-    if (sq_.size() != 0) return false;
-  }
-  return true;
+  return !FullSocketHoldsOwnWrs();
 }
 
 bool Qp::WaitForInput(std::chrono::nanoseconds max) {
   if (destroyed_.load(std::memory_order_acquire) || engine_->OnProgressThread() ||
-      !ReadsOwnInput(*config_.recv_cq, tx_blocked_.load(std::memory_order_relaxed))) {
+      !ReadsOwnInput(*config_.recv_cq)) {
     return false;
   }
   // The lease outlasts the sleep, so the progress thread does not take the
@@ -1342,13 +1338,15 @@ bool Qp::WaitForInput(std::chrono::nanoseconds max) {
 }
 
 bool Qp::PollPushDue() {
+  return FullSocketHoldsOwnWrs() || IsSink();
+}
+
+bool Qp::FullSocketHoldsOwnWrs() {
   // A full socket brings a push only for WRs of ours: Read Responses owed
   // to the peer complete nothing here (a passive ib_read_bw slept 1 ms).
-  if (tx_blocked_.load(std::memory_order_relaxed)) {
-    std::lock_guard lock(queue_mutex_);
-    if (sq_.size() != 0) return true;
-  }
-  return IsSink();
+  if (!tx_blocked_.load(std::memory_order_relaxed)) return false;
+  std::lock_guard lock(queue_mutex_);
+  return sq_.size() != 0;
 }
 
 bool Qp::IsSink() const {

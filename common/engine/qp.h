@@ -328,8 +328,11 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // kSinkOctets came in since the last post, or the post rules of
   // PostSendList keep the QP a sink (StreamLeftToProgress, PollPushDue).
   bool IsSink() const;
-  // WaitForInput's rule (see there); `tx_blocked` as read by the caller.
-  bool ReadsOwnInput(const CompletionQueue& polled, bool tx_blocked);
+  // WaitForInput's rule (see there).
+  bool ReadsOwnInput(const CompletionQueue& polled);
+  // The socket is full with WRs of ours in the send queue: the progress
+  // thread's EPOLLOUT will send them and push their completions.
+  bool FullSocketHoldsOwnWrs();
   // Long against a connection's setup: perftest exchanges its keys over a
   // QP, then the client connects again at once while the server re-listens;
   // with 1 ms the server's first poll slept through the quiet start, woke
