@@ -13,6 +13,7 @@
 // apps.rping tests) exits 255 when rdma_get_cm_event fails at teardown.
 #include <atomic>
 #include <condition_variable>
+#include <initializer_list>
 #include <mutex>
 #include <thread>
 
@@ -135,7 +136,54 @@ TEST(CmTeardownRaceDeathTest, ReaderWokenForADiscardedEventWaitsAgainInADestroye
   EXPECT_EXIT(WokenReaderOfADestroyedChannel(), ::testing::ExitedWithCode(0), "");
 }
 
-class CmTeardownRace : public LeakCheck {};
+// A thread that reads the next event of a channel and holds it, unacked,
+// until Release(); then it acks it, unless told not to.
+class HeldEvent {
+ public:
+  // Returns the event once the thread holds it; nullptr if it got none.
+  rdma_cm_event* Hold(rdma_event_channel* channel, bool ack_at_release = true) {
+    thread_ = std::thread([this, channel, ack_at_release] {
+      ASSERT_EQ(rdma_get_cm_event(channel, &event_), 0);
+      got_.Open();
+      release_.Wait();
+      if (!ack_at_release) return;
+      acked = true;
+      EXPECT_EQ(rdma_ack_cm_event(event_), 0);
+    });
+    return got_.Wait() ? event_ : nullptr;
+  }
+  void Release() {
+    release_.Open();
+    if (thread_.joinable()) thread_.join();
+  }
+  ~HeldEvent() { Release(); }
+
+  std::atomic<bool> acked{false};  // set just before the ack
+
+ private:
+  std::thread thread_;
+  rdma_cm_event* event_ = nullptr;
+  Latch got_;
+  Latch release_;
+};
+
+// The set-up of the races on one channel: the channel and its ids.
+class CmTeardownRace : public LeakCheck {
+ protected:
+  // Opens the test's channel with an id on it for each of `ids`.
+  void OpenChannel(std::initializer_list<rdma_cm_id**> ids, void* context = nullptr) {
+    ch = rdma_create_event_channel();
+    ASSERT_NE(ch, nullptr);
+    for (rdma_cm_id** id : ids) ASSERT_EQ(rdma_create_id(ch, id, context, RDMA_PS_TCP), 0);
+  }
+  // Destroys the channel; nothing the test made may be left.
+  void CloseChannelExpectNoLeaks() {
+    rdma_destroy_event_channel(ch);
+    ExpectNoLeaks();
+  }
+
+  rdma_event_channel* ch = nullptr;
+};
 
 // rping 44 at server teardown: the CM thread gets DISCONNECTED and wakes the
 // main thread (sem_post) before it acks the event; the main thread destroys
@@ -143,38 +191,25 @@ class CmTeardownRace : public LeakCheck {};
 // the CM thread is back in rdma_get_cm_event before the channel goes.
 TEST_F(CmTeardownRace, DestroyReturnsAfterAnotherThreadAckedTheIdsEvent) {
   Seams seams;
-  rdma_event_channel* ch = rdma_create_event_channel();
-  ASSERT_NE(ch, nullptr);
   rdma_cm_id* id = nullptr;
-  ASSERT_EQ(rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP), 0);
+  ASSERT_NO_FATAL_FAILURE(OpenChannel({&id}));
   RaiseEvent(id);
-  Latch got, ack;
-  std::atomic<bool> acked{false};
-  std::thread holder([&] {
-    rdma_cm_event* ev = nullptr;
-    ASSERT_EQ(rdma_get_cm_event(ch, &ev), 0);
-    got.Open();
-    ack.Wait();
-    acked = true;
-    EXPECT_EQ(rdma_ack_cm_event(ev), 0);
-  });
-  ASSERT_TRUE(got.Wait());
+  HeldEvent held;
+  ASSERT_NE(held.Hold(ch), nullptr);
   std::atomic<bool> destroyed{false};
   bool acked_before_destroy_returned = false;
   std::thread destroyer([&] {
     EXPECT_EQ(rdma_destroy_id(id), 0);
-    acked_before_destroy_returned = acked;
+    acked_before_destroy_returned = held.acked;
     destroyed = true;
     seams.Poke();
   });
   EXPECT_TRUE(seams.Await([&] { return seams.ack_waits == 1 || destroyed; }));
   EXPECT_EQ(seams.ack_waits, 1) << "rdma_destroy_id did not wait for the ack";
-  ack.Open();
+  held.Release();
   destroyer.join();
-  holder.join();
   EXPECT_TRUE(acked_before_destroy_returned);
-  rdma_destroy_event_channel(ch);
-  ExpectNoLeaks();
+  CloseChannelExpectNoLeaks();
 }
 
 // An application that destroys an id from its own event loop, before it
@@ -182,11 +217,9 @@ TEST_F(CmTeardownRace, DestroyReturnsAfterAnotherThreadAckedTheIdsEvent) {
 // and the event, with event->id, stays readable until its ack.
 TEST_F(CmTeardownRace, DestroyFromTheThreadHoldingTheEventDoesNotWait) {
   Seams seams;
-  rdma_event_channel* ch = rdma_create_event_channel();
-  ASSERT_NE(ch, nullptr);
   rdma_cm_id* id = nullptr;
   int context = 7;
-  ASSERT_EQ(rdma_create_id(ch, &id, &context, RDMA_PS_TCP), 0);
+  ASSERT_NO_FATAL_FAILURE(OpenChannel({&id}, &context));
   RaiseEvent(id);
   rdma_cm_event* ev = nullptr;
   ASSERT_EQ(rdma_get_cm_event(ch, &ev), 0);
@@ -196,8 +229,7 @@ TEST_F(CmTeardownRace, DestroyFromTheThreadHoldingTheEventDoesNotWait) {
   EXPECT_EQ(rdma_ack_cm_event(ev), 0);
   EXPECT_EQ(rdma_ack_cm_event(ev), -1);  // acked once only
   EXPECT_EQ(errno, EINVAL);
-  rdma_destroy_event_channel(ch);
-  ExpectNoLeaks();
+  CloseChannelExpectNoLeaks();
 }
 
 // Two threads each hold an event of the id the other destroys. The first
@@ -205,16 +237,13 @@ TEST_F(CmTeardownRace, DestroyFromTheThreadHoldingTheEventDoesNotWait) {
 // wait for the first thread, which cannot ack while it waits.
 TEST_F(CmTeardownRace, CrossedDestroysDoNotDeadlock) {
   Seams seams;
-  rdma_event_channel* ch = rdma_create_event_channel();
-  ASSERT_NE(ch, nullptr);
   rdma_cm_id* x = nullptr;
   rdma_cm_id* y = nullptr;
-  ASSERT_EQ(rdma_create_id(ch, &x, nullptr, RDMA_PS_TCP), 0);
-  ASSERT_EQ(rdma_create_id(ch, &y, nullptr, RDMA_PS_TCP), 0);
+  ASSERT_NO_FATAL_FAILURE(OpenChannel({&x, &y}));
   RaiseEvent(x);
   rdma_cm_event* x_event = nullptr;
   ASSERT_EQ(rdma_get_cm_event(ch, &x_event), 0);  // this thread holds x's event
-  Latch y_held, y_destroy_done;
+  Latch y_held;
   std::thread other([&] {
     RaiseEvent(y);
     rdma_cm_event* y_event = nullptr;
@@ -230,8 +259,7 @@ TEST_F(CmTeardownRace, CrossedDestroysDoNotDeadlock) {
   other.join();
   EXPECT_EQ(seams.ack_waits, 1);
   EXPECT_EQ(rdma_ack_cm_event(x_event), 0);
-  rdma_destroy_event_channel(ch);
-  ExpectNoLeaks();
+  CloseChannelExpectNoLeaks();
 }
 
 // A CONNECT_REQUEST counts for its listener, as in librdmacm: destroying the
@@ -244,16 +272,10 @@ TEST_F(CmTeardownRace, ARequestCountsForItsListener) {
   Client c;
   c.Resolve(l.port);
   ASSERT_EQ(c.Connect(), 0);
-  rdma_cm_event* req = nullptr;
-  Latch got, ack;
-  std::thread holder([&] {
-    ASSERT_EQ(rdma_get_cm_event(l.channel, &req), 0);
-    EXPECT_EQ(req->event, RDMA_CM_EVENT_CONNECT_REQUEST);
-    got.Open();
-    ack.Wait();
-    EXPECT_EQ(rdma_ack_cm_event(req), 0);
-  });
-  ASSERT_TRUE(got.Wait());
+  HeldEvent held;
+  rdma_cm_event* req = held.Hold(l.channel);
+  ASSERT_NE(req, nullptr);
+  EXPECT_EQ(req->event, RDMA_CM_EVENT_CONNECT_REQUEST);
   EXPECT_EQ(rdma_destroy_id(req->id), 0);
   EXPECT_EQ(seams.ack_waits, 0);
   std::thread destroyer([&] {
@@ -261,9 +283,8 @@ TEST_F(CmTeardownRace, ARequestCountsForItsListener) {
     l.id = nullptr;
   });
   EXPECT_TRUE(seams.Await([&] { return seams.ack_waits == 1; }));
-  ack.Open();
+  held.Release();
   destroyer.join();
-  holder.join();
   l.Stop();
   c.Stop();
   ExpectNoLeaks();
@@ -272,28 +293,19 @@ TEST_F(CmTeardownRace, ARequestCountsForItsListener) {
 // A thread that never acks holds rdma_destroy_id up for Core::kAckWait at
 // most (librdmacm: for ever); the event stays valid until its late ack.
 TEST_F(CmTeardownRace, AnEventNeverAckedHoldsDestroyUpForALimitedTime) {
-  rdma_event_channel* ch = rdma_create_event_channel();
-  ASSERT_NE(ch, nullptr);
   rdma_cm_id* id = nullptr;
-  ASSERT_EQ(rdma_create_id(ch, &id, nullptr, RDMA_PS_TCP), 0);
+  ASSERT_NO_FATAL_FAILURE(OpenChannel({&id}));
   RaiseEvent(id);
-  rdma_cm_event* ev = nullptr;
-  Latch got, ack;
-  std::thread holder([&] {
-    ASSERT_EQ(rdma_get_cm_event(ch, &ev), 0);
-    got.Open();
-    ack.Wait();
-  });
-  ASSERT_TRUE(got.Wait());
+  HeldEvent held;
+  rdma_cm_event* ev = held.Hold(ch, /*ack_at_release=*/false);
+  ASSERT_NE(ev, nullptr);
   const auto start = std::chrono::steady_clock::now();
   EXPECT_EQ(rdma_destroy_id(id), 0);
   EXPECT_GE(std::chrono::steady_clock::now() - start, Core::kAckWait);
-  ack.Open();
-  holder.join();
+  held.Release();
   EXPECT_EQ(ev->id, id);
   EXPECT_EQ(rdma_ack_cm_event(ev), 0);
-  rdma_destroy_event_channel(ch);
-  ExpectNoLeaks();
+  CloseChannelExpectNoLeaks();
 }
 
 }  // namespace

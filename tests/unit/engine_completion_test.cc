@@ -11,7 +11,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <initializer_list>
+#include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace siwx::engine {
@@ -372,16 +375,68 @@ class FakeDriver : public PollDriver {
   std::atomic<int> turns{0};
 };
 
+// The set-up the poll-wait tests share: CQs that fake drivers drive, with
+// the poll wait set. Every driver attached is removed when the test ends,
+// also when an assertion ended it early.
+class CompletionQueuePollWait : public ::testing::Test {
+ protected:
+  // Far longer than any test may run: a lost wake-up shows as a timeout.
+  static constexpr std::chrono::microseconds kForever = std::chrono::minutes(10);
+
+  // A CQ of `capacity` entries that `drivers` drive, whose empty polls may
+  // wait `wait`; it lives as long as the test.
+  CompletionQueue* DrivenCq(std::uint32_t capacity, std::chrono::microseconds wait,
+                            std::initializer_list<FakeDriver*> drivers) {
+    cqs_.push_back(CompletionQueue::Create(capacity, {}));
+    CompletionQueue* cq = cqs_.back().get();
+    for (FakeDriver* d : drivers) {
+      cq->AddDriver(d);
+      attached_.emplace_back(cq, d);
+    }
+    cq->set_poll_wait(wait);
+    return cq;
+  }
+
+  void Detach(CompletionQueue* cq, FakeDriver* d) {
+    cq->RemoveDriver(d);
+    std::erase(attached_, std::pair(cq, d));
+  }
+
+  void TearDown() override {
+    for (auto it = attached_.rbegin(); it != attached_.rend(); ++it) {
+      it->first->RemoveDriver(it->second);
+    }
+    attached_.clear();
+  }
+
+  // A fresh thread's first polls of `cq`, where nothing arrives: the first
+  // only notes the CQ, then `waits` waits run out, each twice as long as the
+  // one before, from `first` up to `cap`.
+  void ExpectDoublingWaits(CompletionQueue* cq, std::chrono::microseconds first,
+                           std::chrono::microseconds cap, int waits) {
+    ASSERT_EQ(cq->PollWithProgress(out), 0u);  // notes the CQ; no wait yet
+    std::chrono::microseconds expected = first;
+    for (int i = 0; i < waits; ++i) {
+      EXPECT_EQ(cq->next_poll_wait(), expected) << "wait " << i;
+      ASSERT_EQ(cq->PollWithProgress(out), 0u);
+      expected = std::min(expected * 2, cap);
+    }
+  }
+
+  FakeDriver driver;
+  FakeDriver second_driver;
+  std::array<WorkCompletion, 4> out;
+
+ private:
+  std::vector<std::unique_ptr<CompletionQueue>> cqs_;
+  std::vector<std::pair<CompletionQueue*, FakeDriver*>> attached_;
+};
+
 // The bounded wait of an empty PollWithProgress: it sleeps only when every
 // driver agrees, only on a thread that polls this CQ alone, and a Push from
 // another thread ends it with that entry returned by the same call.
-TEST(CompletionQueuePollWait, PushFromAnotherThreadEndsTheWaitWithItsEntry) {
-  auto cq = CompletionQueue::Create(8, {});
-  FakeDriver driver;
-  cq->AddDriver(&driver);
-  // Far longer than any test may run: a lost wake-up shows as a timeout.
-  cq->set_poll_wait(std::chrono::minutes(10));
-  std::array<WorkCompletion, 4> out;
+TEST_F(CompletionQueuePollWait, PushFromAnotherThreadEndsTheWaitWithItsEntry) {
+  CompletionQueue* cq = DrivenCq(8, kForever, {&driver});
   std::size_t got = 0;
   std::thread poller([&] {
     // The first poll on this thread only notes the CQ; the second waits.
@@ -395,7 +450,6 @@ TEST(CompletionQueuePollWait, PushFromAnotherThreadEndsTheWaitWithItsEntry) {
   EXPECT_EQ(out[0].wr_id, 5u);
   EXPECT_EQ(cq->poll_waits(), 1u);
   EXPECT_EQ(cq->poll_wait_timeouts(), 0u);
-  cq->RemoveDriver(&driver);
 }
 
 // A wait where a driver says a push is due (a sink's stream, a full
@@ -403,14 +457,10 @@ TEST(CompletionQueuePollWait, PushFromAnotherThreadEndsTheWaitWithItsEntry) {
 // 64 KiB Send receiver otherwise timed out several waits per message. Only
 // then: a CQ whose drivers expect nothing keeps the short wait, and a CQ
 // that never waits (poll wait 0) does not start waiting.
-TEST(CompletionQueuePollWait, WaitsLongOnlyWhenADriverSaysAPushIsDue) {
-  auto cq = CompletionQueue::Create(8, {});
-  FakeDriver quiet;
-  FakeDriver sink;
-  cq->AddDriver(&quiet);
-  cq->AddDriver(&sink);
-  cq->set_poll_wait(std::chrono::microseconds(1));
-  std::array<WorkCompletion, 4> out;
+TEST_F(CompletionQueuePollWait, WaitsLongOnlyWhenADriverSaysAPushIsDue) {
+  FakeDriver& quiet = driver;
+  FakeDriver& sink = second_driver;
+  CompletionQueue* cq = DrivenCq(8, std::chrono::microseconds(1), {&quiet, &sink});
   ASSERT_EQ(cq->PollWithProgress(out), 0u);  // notes the CQ: polls it alone
   ASSERT_EQ(cq->PollWithProgress(out), 0u);
   EXPECT_EQ(cq->poll_waits(), 1u);
@@ -429,26 +479,20 @@ TEST(CompletionQueuePollWait, WaitsLongOnlyWhenADriverSaysAPushIsDue) {
   ASSERT_EQ(cq->PollWithProgress(out), 0u);
   EXPECT_EQ(cq->poll_waits(), 2u);
   EXPECT_EQ(cq->long_poll_waits(), 1u);
-  cq->RemoveDriver(&sink);
-  cq->RemoveDriver(&quiet);
 }
 
 // Pushes on a thread that defers wake-ups (the engine's progress thread)
 // wake a poller sleeping on the CQ once, when the thread calls WakeDeferred
 // (done with what it read), not once per message: no wake-up before it,
 // every entry there for the woken poll, none lost.
-TEST(CompletionQueuePollWait, DeferredPushesWakeTheSleepingPollerOnceAtWakeDeferred) {
-  auto cq = CompletionQueue::Create(64, {});
-  FakeDriver driver;
-  cq->AddDriver(&driver);
-  // Far longer than any test may run: a lost wake-up shows as a timeout.
-  cq->set_poll_wait(std::chrono::minutes(10));
-  std::array<WorkCompletion, 8> out;
+TEST_F(CompletionQueuePollWait, DeferredPushesWakeTheSleepingPollerOnceAtWakeDeferred) {
+  CompletionQueue* cq = DrivenCq(64, kForever, {&driver});
+  std::array<WorkCompletion, 8> entries;
   std::vector<std::uint64_t> got;
   std::thread poller([&] {
     while (got.size() < 5) {
-      const std::size_t n = cq->PollWithProgress(out);
-      for (std::size_t i = 0; i < n; ++i) got.push_back(out[i].wr_id);
+      const std::size_t n = cq->PollWithProgress(entries);
+      for (std::size_t i = 0; i < n; ++i) got.push_back(entries[i].wr_id);
     }
   });
   while (cq->poll_waits() == 0) std::this_thread::yield();
@@ -467,21 +511,17 @@ TEST(CompletionQueuePollWait, DeferredPushesWakeTheSleepingPollerOnceAtWakeDefer
   // spurious wake-up), then nobody waits and none is sent.
   EXPECT_LE(cq->waiter_wakes(), 1u);
   EXPECT_EQ(cq->poll_wait_timeouts(), 0u);
-  cq->RemoveDriver(&driver);
 }
 
 // A deferring thread that queues kWakeBatch entries wakes the sleeping
 // poller at once, without WakeDeferred (a long turn of the progress thread
 // holds no wake-up back for longer than that).
-TEST(CompletionQueuePollWait, DeferredPushesWakeTheSleepingPollerAtTheBatchSize) {
-  auto cq = CompletionQueue::Create(64, {});
-  FakeDriver driver;
-  cq->AddDriver(&driver);
-  cq->set_poll_wait(std::chrono::minutes(10));
-  std::array<WorkCompletion, 64> out;
+TEST_F(CompletionQueuePollWait, DeferredPushesWakeTheSleepingPollerAtTheBatchSize) {
+  CompletionQueue* cq = DrivenCq(64, kForever, {&driver});
+  std::array<WorkCompletion, 64> entries;
   std::size_t got = 0;
   std::thread poller([&] {
-    while (got < CompletionQueue::kWakeBatch) got += cq->PollWithProgress(out);
+    while (got < CompletionQueue::kWakeBatch) got += cq->PollWithProgress(entries);
   });
   while (cq->poll_waits() == 0) std::this_thread::yield();
   std::thread pusher([&] {
@@ -494,41 +534,30 @@ TEST(CompletionQueuePollWait, DeferredPushesWakeTheSleepingPollerAtTheBatchSize)
   poller.join();
   EXPECT_EQ(got, CompletionQueue::kWakeBatch);
   EXPECT_EQ(cq->poll_wait_timeouts(), 0u);
-  cq->RemoveDriver(&driver);
 }
 
 // A CQ in error (it overflowed) gets nothing more: a poll never sleeps on it.
-TEST(CompletionQueuePollWait, CqInErrorNeverWaits) {
-  auto cq = CompletionQueue::Create(1, {});
+TEST_F(CompletionQueuePollWait, CqInErrorNeverWaits) {
+  CompletionQueue* cq = DrivenCq(1, kForever, {&driver});
   ASSERT_EQ(cq->Push(Wc(1)), PushStatus::kOk);
   ASSERT_EQ(cq->Push(Wc(2)), PushStatus::kOverflow);
-  FakeDriver driver;
-  cq->AddDriver(&driver);
-  cq->set_poll_wait(std::chrono::minutes(10));
-  std::array<WorkCompletion, 4> out;
   ASSERT_EQ(cq->PollWithProgress(out), 1u);
   for (int i = 0; i < 5; ++i) ASSERT_EQ(cq->PollWithProgress(out), 0u);
   EXPECT_EQ(cq->poll_waits(), 0u);
-  cq->RemoveDriver(&driver);
 }
 
-TEST(CompletionQueuePollWait, NoWaitWhenADriverCanProgressOrWaitIsOff) {
-  auto cq = CompletionQueue::Create(8, {});
-  FakeDriver ready;
-  FakeDriver busy;
+TEST_F(CompletionQueuePollWait, NoWaitWhenADriverCanProgressOrWaitIsOff) {
+  FakeDriver& ready = driver;
+  FakeDriver& busy = second_driver;
   busy.may_wait = false;
-  cq->AddDriver(&ready);
-  cq->AddDriver(&busy);
-  cq->set_poll_wait(std::chrono::minutes(10));
-  std::array<WorkCompletion, 4> out;
+  CompletionQueue* cq = DrivenCq(8, kForever, {&ready, &busy});
   for (int i = 0; i < 50; ++i) ASSERT_EQ(cq->PollWithProgress(out), 0u);
   EXPECT_EQ(cq->poll_waits(), 0u);
-  cq->RemoveDriver(&busy);
+  Detach(cq, &busy);
   cq->set_poll_wait(std::chrono::microseconds(0));  // SIWX_POLL_WAIT_US=0
   for (int i = 0; i < 50; ++i) ASSERT_EQ(cq->PollWithProgress(out), 0u);
   EXPECT_EQ(cq->poll_waits(), 0u);
   EXPECT_GT(ready.turns.load(), 0);
-  cq->RemoveDriver(&ready);
 }
 
 // On a CQ where nothing arrives, each wait that runs out doubles the next
@@ -536,21 +565,11 @@ TEST(CompletionQueuePollWait, NoWaitWhenADriverCanProgressOrWaitIsOff) {
 // every 50 us: docs/performance-notes.md 3.11); a returned entry or an
 // empty poll that may not wait brings back the configured length. Counts
 // waits, not time: a wait with nothing pushed always runs out.
-TEST(CompletionQueuePollWait, WaitsWithNothingPushedGrowAndActivityResetsThem) {
-  auto cq = CompletionQueue::Create(8, {});
-  FakeDriver driver;
-  cq->AddDriver(&driver);
+TEST_F(CompletionQueuePollWait, WaitsWithNothingPushedGrowAndActivityResetsThem) {
   const std::chrono::microseconds configured(1);
-  cq->set_poll_wait(configured);
-  std::array<WorkCompletion, 4> out;
+  CompletionQueue* cq = DrivenCq(8, configured, {&driver});
   OnFreshThread([&] {
-    ASSERT_EQ(cq->PollWithProgress(out), 0u);  // notes the CQ; no wait yet
-    std::chrono::microseconds expected = configured;
-    for (int i = 0; i < 14; ++i) {
-      EXPECT_EQ(cq->next_poll_wait(), expected) << "wait " << i;
-      ASSERT_EQ(cq->PollWithProgress(out), 0u);
-      expected = std::min(expected * 2, kMaxPollWait);
-    }
+    ASSERT_NO_FATAL_FAILURE(ExpectDoublingWaits(cq, configured, kMaxPollWait, 14));
     EXPECT_EQ(cq->poll_waits(), 14u);
     EXPECT_EQ(cq->poll_wait_timeouts(), 14u);
     EXPECT_EQ(cq->next_poll_wait(), kMaxPollWait);
@@ -568,33 +587,22 @@ TEST(CompletionQueuePollWait, WaitsWithNothingPushedGrowAndActivityResetsThem) {
     EXPECT_EQ(cq->poll_waits(), 16u);
     EXPECT_EQ(cq->next_poll_wait(), configured);
   });
-  cq->RemoveDriver(&driver);
 }
 
 // While an engine of the process says its responder spins, the waits grow
 // to kMaxPollWaitBesideSpin instead (docs/performance-notes.md 3.15); once
 // it says the spin stopped, the next one that runs out is back within
 // kMaxPollWait. Counts waits, not time, as above.
-TEST(CompletionQueuePollWait, WaitsGrowFurtherWhileAResponderSpins) {
-  auto cq = CompletionQueue::Create(8, {});
-  FakeDriver driver;
-  cq->AddDriver(&driver);
+TEST_F(CompletionQueuePollWait, WaitsGrowFurtherWhileAResponderSpins) {
   const std::chrono::microseconds configured(1);
-  cq->set_poll_wait(configured);
-  std::array<WorkCompletion, 4> out;
+  CompletionQueue* cq = DrivenCq(8, configured, {&driver});
   ASSERT_FALSE(CompletionQueue::AnyResponderSpins());
   CompletionQueue::NoteResponderSpin(true);
   CompletionQueue::NoteResponderSpin(true);  // two engines
   CompletionQueue::NoteResponderSpin(false);
   EXPECT_TRUE(CompletionQueue::AnyResponderSpins());
   OnFreshThread([&] {
-    ASSERT_EQ(cq->PollWithProgress(out), 0u);  // notes the CQ; no wait yet
-    std::chrono::microseconds expected = configured;
-    for (int i = 0; i < 14; ++i) {
-      EXPECT_EQ(cq->next_poll_wait(), expected) << "wait " << i;
-      ASSERT_EQ(cq->PollWithProgress(out), 0u);
-      expected = std::min(expected * 2, kMaxPollWaitBesideSpin);
-    }
+    ASSERT_NO_FATAL_FAILURE(ExpectDoublingWaits(cq, configured, kMaxPollWaitBesideSpin, 14));
     EXPECT_EQ(cq->next_poll_wait(), kMaxPollWaitBesideSpin);
     CompletionQueue::NoteResponderSpin(false);
     EXPECT_FALSE(CompletionQueue::AnyResponderSpins());
@@ -602,21 +610,13 @@ TEST(CompletionQueuePollWait, WaitsGrowFurtherWhileAResponderSpins) {
     EXPECT_EQ(cq->next_poll_wait(), kMaxPollWait);
     EXPECT_EQ(cq->poll_wait_timeouts(), 15u);
   });
-  cq->RemoveDriver(&driver);
 }
 
 // A thread that polls two CQs in turn never sleeps on either: while it
 // slept on one, the other's completions would wait.
-TEST(CompletionQueuePollWait, ThreadPollingTwoCqsInTurnNeverWaits) {
-  auto first = CompletionQueue::Create(8, {});
-  auto second = CompletionQueue::Create(8, {});
-  FakeDriver d1;
-  FakeDriver d2;
-  first->AddDriver(&d1);
-  second->AddDriver(&d2);
-  first->set_poll_wait(std::chrono::minutes(10));
-  second->set_poll_wait(std::chrono::minutes(10));
-  std::array<WorkCompletion, 4> out;
+TEST_F(CompletionQueuePollWait, ThreadPollingTwoCqsInTurnNeverWaits) {
+  CompletionQueue* first = DrivenCq(8, kForever, {&driver});
+  CompletionQueue* second = DrivenCq(8, kForever, {&second_driver});
   PollSomethingElse();
   for (int i = 0; i < 50; ++i) {
     ASSERT_EQ(first->PollWithProgress(out), 0u);
@@ -624,22 +624,15 @@ TEST(CompletionQueuePollWait, ThreadPollingTwoCqsInTurnNeverWaits) {
   }
   EXPECT_EQ(first->poll_waits(), 0u);
   EXPECT_EQ(second->poll_waits(), 0u);
-  first->RemoveDriver(&d1);
-  second->RemoveDriver(&d2);
 }
 
 // A bounded wait that nothing ends returns empty after its bound.
-TEST(CompletionQueuePollWait, WaitWithoutPushReturnsEmpty) {
-  auto cq = CompletionQueue::Create(8, {});
-  FakeDriver driver;
-  cq->AddDriver(&driver);
-  cq->set_poll_wait(std::chrono::microseconds(200));
-  std::array<WorkCompletion, 4> out;
+TEST_F(CompletionQueuePollWait, WaitWithoutPushReturnsEmpty) {
+  CompletionQueue* cq = DrivenCq(8, std::chrono::microseconds(200), {&driver});
   PollSomethingElse();
   for (int i = 0; i < 5; ++i) ASSERT_EQ(cq->PollWithProgress(out), 0u);
   EXPECT_EQ(cq->poll_waits(), 4u);  // the first poll only noted the CQ
   EXPECT_EQ(cq->poll_wait_timeouts(), 4u);
-  cq->RemoveDriver(&driver);
 }
 
 }  // namespace
