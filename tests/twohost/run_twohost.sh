@@ -49,6 +49,7 @@ ns_a="$tag-a"
 ns_b="$tag-b"
 work=$(mktemp -d)
 impair_pid=""
+tcp_sampler_pid=""
 
 # Kills what runs inside one of our namespaces and removes it.
 remove_ns() {
@@ -63,6 +64,7 @@ remove_ns() {
 
 cleanup() {
 	trap '' INT TERM HUP # a second signal must not leave a namespace behind
+	[ -z "$tcp_sampler_pid" ] || kill "$tcp_sampler_pid" 2>/dev/null
 	remove_ns "$ns_a"
 	remove_ns "$ns_b"
 	if [ -n "${keep_logs:-}" ]; then
@@ -166,6 +168,22 @@ loss_based_congestion_control() {
 		esac
 	done
 	echo "congestion control in both hosts: $cc"
+}
+
+# Writes both hosts' TCP state on the test's port (ss: timer, backoff, RTO,
+# RTT, cwnd, pacing rate, unacked and unsent octets, Recv-Q) to tcp.log every
+# 2 s until the script ends, so a failure shows what TCP was doing (fail
+# prints the log's tail).
+sample_tcp() {
+	local ns
+	while :; do
+		for ns in "$ns_a" "$ns_b"; do
+			echo "--- $(now_ms) ${ns##*-}"
+			ip netns exec "$ns" ss -Htinoem "( sport = :$port or dport = :$port )" 2>/dev/null
+		done
+		sleep 2
+	done >"$work/tcp.log" &
+	tcp_sampler_pid=$!
 }
 
 # Stops impair (it releases what it holds) and prints its counters.
@@ -451,6 +469,7 @@ partition_heal)
 	# partition began could estimate 2 kbit/s once the link was back and
 	# pace one segment every 5.6 s for minutes (README.md here).
 	loss_based_congestion_control
+	sample_tcp
 	start_impair 150 --delay 20 --partition-after-ms 3000 --partition-ms 30000
 	start_server 140 -- --rounds 60 --max-size 65536 --stall-ms 100000
 	start_client 140 -- --rounds 60 --max-size 65536 --stall-ms 100000
