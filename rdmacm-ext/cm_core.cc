@@ -514,7 +514,8 @@ bool Core::AwaitsAck(std::uint64_t handle) const {
   return false;
 }
 
-void Core::WaitForAcks(std::unique_lock<std::mutex>& lock, std::uint64_t handle) {
+void Core::WaitForAcks(std::unique_lock<std::mutex>& lock, std::uint64_t handle,
+                       const char* call) {
   if (!AwaitsAck(handle)) return;
   const std::thread::id self = std::this_thread::get_id();
   ack_waiters_.push_back(self);
@@ -528,10 +529,10 @@ void Core::WaitForAcks(std::unique_lock<std::mutex>& lock, std::uint64_t handle)
   ack_waiters_.erase(std::find(ack_waiters_.begin(), ack_waiters_.end(), self));
   if (!acked) {
     SIWX_LOG(kWarn,
-             "rdma_destroy_id: CEP[%llu] destroyed while another thread still holds an event of "
-             "it unacknowledged after %lld ms; every event from rdma_get_cm_event needs its "
-             "rdma_ack_cm_event",
-             static_cast<unsigned long long>(handle), static_cast<long long>(kAckWait.count()));
+             "%s: CEP[%llu]: another thread still holds an event of it unacknowledged after "
+             "%lld ms; every event from rdma_get_cm_event needs its rdma_ack_cm_event",
+             call, static_cast<unsigned long long>(handle),
+             static_cast<long long>(kAckWait.count()));
   }
 }
 
@@ -543,7 +544,7 @@ int Core::DestroyId(rdma_cm_id* pub) {
   DestroyLocked(id);
   // As librdmacm: the events already returned for the id are handled
   // before rdma_destroy_id returns.
-  WaitForAcks(lock, handle);
+  WaitForAcks(lock, handle, "rdma_destroy_id");
   const bool idle = live_ids_ == 0;
   lock.unlock();
   if (idle) StopLoopIfIdle();
@@ -551,7 +552,7 @@ int Core::DestroyId(rdma_cm_id* pub) {
 }
 
 int Core::MigrateId(rdma_cm_id* pub, rdma_event_channel* channel) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
   CmId* id = FindId(pub);
   if (id == nullptr) return EINVAL;
   if (id->sync && channel == nullptr) return EINVAL;  // already synchronous (as librdmacm)
@@ -565,7 +566,14 @@ int Core::MigrateId(rdma_cm_id* pub, rdma_event_channel* channel) {
     if (target == nullptr || target->sync) return EINVAL;
   }
   CmChannel* old = id->channel;
-  if (old == target) return 0;
+  if (old != target) MoveId(id, old, target, channel == nullptr);
+  // As librdmacm: the events already returned for the id on its old channel
+  // are handled before the id is used on the new one.
+  WaitForAcks(lock, id->handle, "rdma_migrate_id");
+  return 0;
+}
+
+void Core::MoveId(CmId* id, CmChannel* old, CmChannel* target, bool sync) {
   if (old != nullptr) {
     // Queued events of the id (and requests on a listener) follow it.
     for (auto it = old->queue.begin(); it != old->queue.end();) {
@@ -594,8 +602,7 @@ int Core::MigrateId(rdma_cm_id* pub, rdma_event_channel* channel) {
   }
   id->channel = target;
   id->pub.channel = &target->pub;
-  id->sync = channel == nullptr;
-  return 0;
+  id->sync = sync;
 }
 
 // ---- Events ----

@@ -36,9 +36,10 @@
 // reader is in it); rdma_destroy_id discards the id's
 // queued events and then waits until the events already returned for it
 // are acked (a CONNECT_REQUEST counts for its listener), except those held
-// by the calling thread or by a thread itself waiting in rdma_destroy_id,
-// and at most kAckWait; an id's memory lives until its last returned event
-// is acked, so event->id stays readable.
+// by the calling thread or by a thread itself waiting for acks, and at most
+// kAckWait; rdma_migrate_id waits the same way after it moved the id; an
+// id's memory lives until its last returned event is acked, so event->id
+// stays readable.
 //
 // Events and their status (the Linux iw_cm mapping where it has one):
 //   ADDR_RESOLVED / ADDR_ERROR (-ENODEV: no siwx device serves the address;
@@ -295,8 +296,8 @@ class Core {
   static constexpr std::chrono::milliseconds kAcceptBackoffMax{500};
   // The youngest half-open connection a bound may drop (see above).
   static constexpr std::chrono::milliseconds kHalfOpenGrace{200};
-  // The longest rdma_destroy_id waits for other threads to ack the events
-  // they hold of the id (librdmacm waits for ever).
+  // The longest rdma_destroy_id and rdma_migrate_id wait for other threads
+  // to ack the events they hold of the id (librdmacm waits for ever).
   static constexpr std::chrono::milliseconds kAckWait{2000};
 
   // All return 0 or a positive errno value.
@@ -370,6 +371,9 @@ class Core {
   CmChannel* FindChannel(rdma_event_channel* pub);
   CmChannel* NewChannel(bool sync, int* err);
   void FreeChannel(CmChannel* ch);
+  // rdma_migrate_id's move: the id, its queued events and its listener's
+  // unreported requests go from `old` (may be null) to `target`.
+  void MoveId(CmId* id, CmChannel* old, CmChannel* target, bool sync);
   CmId* NewId(CmChannel* channel, bool sync, void* context, rdma_port_space ps,
               ibv_qp_type qp_type);
   void DestroyLocked(CmId* id);
@@ -377,9 +381,10 @@ class Core {
   void FreeIdIfUnreferenced(CmId* id);
   // Forgets a returned event (acked, or left in a synchronous id's event).
   void ReleaseReturned(CmEvent* ev);
-  // rdma_destroy_id: waits until the events returned for the id with
-  // `handle` are acked (see the teardown rules above).
-  void WaitForAcks(std::unique_lock<std::mutex>& lock, std::uint64_t handle);
+  // rdma_destroy_id and rdma_migrate_id (`call`, for the warning): waits
+  // until the events returned for the id with `handle` are acked (see the
+  // teardown rules above).
+  void WaitForAcks(std::unique_lock<std::mutex>& lock, std::uint64_t handle, const char* call);
   bool AwaitsAck(std::uint64_t handle) const;
   // A reader leaves a channel it blocked in.
   void LeaveChannel(CmChannel* ch);
