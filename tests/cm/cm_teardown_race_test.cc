@@ -13,6 +13,7 @@
 // apps.rping tests) exits 255 when rdma_get_cm_event fails at teardown.
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <initializer_list>
 #include <mutex>
 #include <thread>
@@ -185,30 +186,68 @@ class CmTeardownRace : public LeakCheck {
   rdma_event_channel* ch = nullptr;
 };
 
+// Runs `call` on a thread of its own while another thread holds an event of
+// the channel's id unacked; expects the call to wait for that ack.
+void ExpectReturnsAfterTheAck(rdma_event_channel* ch, const char* name,
+                              const std::function<int()>& call) {
+  Seams seams;
+  HeldEvent held;
+  ASSERT_NE(held.Hold(ch), nullptr);
+  std::atomic<bool> returned{false};
+  bool acked_before_return = false;
+  std::thread caller([&] {
+    EXPECT_EQ(call(), 0);
+    acked_before_return = held.acked;
+    returned = true;
+    seams.Poke();
+  });
+  EXPECT_TRUE(seams.Await([&] { return seams.ack_waits == 1 || returned; }));
+  EXPECT_EQ(seams.ack_waits, 1) << name << " did not wait for the ack";
+  held.Release();
+  caller.join();
+  EXPECT_TRUE(acked_before_return) << name;
+}
+
 // rping 44 at server teardown: the CM thread gets DISCONNECTED and wakes the
 // main thread (sem_post) before it acks the event; the main thread destroys
 // the id. As with librdmacm, rdma_destroy_id returns only after the ack, so
 // the CM thread is back in rdma_get_cm_event before the channel goes.
 TEST_F(CmTeardownRace, DestroyReturnsAfterAnotherThreadAckedTheIdsEvent) {
+  rdma_cm_id* id = nullptr;
+  ASSERT_NO_FATAL_FAILURE(OpenChannel({&id}));
+  RaiseEvent(id);
+  ExpectReturnsAfterTheAck(ch, "rdma_destroy_id", [&] { return rdma_destroy_id(id); });
+  CloseChannelExpectNoLeaks();
+}
+
+// librdmacm's rdma_migrate_id waits the same way, so that no thread handles
+// an event of the id on its old channel once the call returned.
+TEST_F(CmTeardownRace, MigrateReturnsAfterAnotherThreadAckedTheIdsEvent) {
+  rdma_cm_id* id = nullptr;
+  ASSERT_NO_FATAL_FAILURE(OpenChannel({&id}));
+  rdma_event_channel* to = rdma_create_event_channel();
+  ASSERT_NE(to, nullptr);
+  RaiseEvent(id);
+  ExpectReturnsAfterTheAck(ch, "rdma_migrate_id", [&] { return rdma_migrate_id(id, to); });
+  EXPECT_EQ(id->channel, to);
+  EXPECT_EQ(rdma_destroy_id(id), 0);
+  rdma_destroy_event_channel(to);
+  CloseChannelExpectNoLeaks();
+}
+
+// Migrating from the thread that holds the id's event does not wait for
+// itself (librdmacm would wait for ever).
+TEST_F(CmTeardownRace, MigrateFromTheThreadHoldingTheEventDoesNotWait) {
   Seams seams;
   rdma_cm_id* id = nullptr;
   ASSERT_NO_FATAL_FAILURE(OpenChannel({&id}));
   RaiseEvent(id);
-  HeldEvent held;
-  ASSERT_NE(held.Hold(ch), nullptr);
-  std::atomic<bool> destroyed{false};
-  bool acked_before_destroy_returned = false;
-  std::thread destroyer([&] {
-    EXPECT_EQ(rdma_destroy_id(id), 0);
-    acked_before_destroy_returned = held.acked;
-    destroyed = true;
-    seams.Poke();
-  });
-  EXPECT_TRUE(seams.Await([&] { return seams.ack_waits == 1 || destroyed; }));
-  EXPECT_EQ(seams.ack_waits, 1) << "rdma_destroy_id did not wait for the ack";
-  held.Release();
-  destroyer.join();
-  EXPECT_TRUE(acked_before_destroy_returned);
+  rdma_cm_event* ev = nullptr;
+  ASSERT_EQ(rdma_get_cm_event(ch, &ev), 0);
+  EXPECT_EQ(rdma_migrate_id(id, nullptr), 0);  // to synchronous mode
+  EXPECT_EQ(seams.ack_waits, 0);
+  EXPECT_EQ(rdma_ack_cm_event(ev), 0);
+  EXPECT_EQ(rdma_destroy_id(id), 0);
   CloseChannelExpectNoLeaks();
 }
 
