@@ -129,14 +129,19 @@ class MemoryRegion {
   friend class MemoryTable;
   friend class RegionRef;
 
+  // The counts first: std::make_shared puts the record right behind the
+  // shared_ptr's own counts, which every RegionRef changes too, so the two
+  // are mostly in one cache line. Checks on an application thread and on the
+  // progress thread alternate on them in a Write ping-pong
+  // (docs/performance-notes.md 3.18).
+  std::atomic<std::uint32_t> users_{0};  // live RegionRefs; Deregister waits for 0
+  std::atomic<bool> valid_{true};       // cleared once by invalidation
   const std::uint32_t stag_;
   const PdId pd_;
   const AccessFlags access_;
   const std::uint64_t iova_;
   const std::uint64_t length_;
   const std::uintptr_t host_address_;
-  std::atomic<bool> valid_{true};       // cleared once by invalidation
-  std::atomic<std::uint32_t> users_{0};  // live RegionRefs; Deregister waits for 0
 };
 
 // A region that passed a check, pinned for the duration of one copy. Move-only.
@@ -278,7 +283,9 @@ class MemoryTable {
   const KeySource key_source_;
   const IndexSource index_source_;
 
-  mutable std::shared_mutex mutex_;
+  // Every check writes both (a shared lock is a write): one cache line, not
+  // two, to move between the threads that check (docs/performance-notes.md 3.18).
+  alignas(64) mutable std::shared_mutex mutex_;
   mutable std::atomic<std::uint64_t> checks_{0};
   std::vector<Slot> slots_;                  // guarded by mutex_; power of two, <= half used
   std::deque<std::uint32_t> recently_freed_;  // guarded by mutex_; at most reuse_delay_

@@ -255,11 +255,21 @@ bool QpTx::StartSqMessage() {
   if (!wr->is_inline()) {
     for (const Sge& sge : wr->sges()) {
       if (sge.length == 0) continue;
-      if (!memory.Check(sge.lkey, pd, AccessKind::kLocalRead, sge.addr, sge.length).ok()) {
+      if (RegionCovers(pin_.get(), sge.lkey, pd, AccessKind::kLocalRead, sge.addr, sge.length)) {
+        continue;
+      }
+      AccessCheckResult check =
+          memory.Check(sge.lkey, pd, AccessKind::kLocalRead, sge.addr, sge.length);
+      if (!check.ok()) {
         ++tx_seq_;
         FailSq(seq, WcStatus::kLocProtErr);
         return true;
       }
+      // Held for the rest of the turn like GatherPayload's pin, so the
+      // segments framed from this WR need no second lookup: each lookup
+      // writes the table's lock and the region's counts, lines the progress
+      // thread's placement writes too (docs/performance-notes.md 3.18).
+      if (!pin_) pin_ = std::move(check.region);
     }
   }
   ++tx_seq_;

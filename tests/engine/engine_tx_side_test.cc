@@ -246,6 +246,84 @@ TEST_F(TxSideTest, AWriteIsSegmentedWithTheSinkStagAndAdvancingOffsets) {
   EXPECT_EQ(qp_.done, std::vector<std::uint64_t>{seq});
 }
 
+// The check of a WR's SGEs before it starts (verbs: every lkey must name a
+// region of the QP's PD) pins the region for the turn, so framing the WR
+// looks the region up no second time: each lookup writes the table's lock
+// and the region's counts, cache lines the receive side's placement writes
+// on another CPU (docs/performance-notes.md 3.18). Small Writes (one FPDU
+// each, as ib_write_lat posts them) and a segmented one: one lookup per
+// turn, every octet on the wire, and nothing holds the region afterwards.
+TEST_F(TxSideTest, AWrsSourceRegionIsLookedUpOncePerTurn) {
+  Start();
+  std::vector<std::uint8_t> data = Pattern(3000, 5);
+  const std::uint32_t lkey = Register(data, AccessFlags::kNone);
+  constexpr int kSmallWrites = 4;
+  std::vector<std::uint64_t> seqs;
+  for (int i = 0; i < kSmallWrites; ++i) {
+    SendWorkRequest wr = WrOver(SendOpcode::kRdmaWrite, data, lkey, 20 + i);
+    wr.sge[0].addr += 8 * static_cast<std::uint64_t>(i);
+    wr.sge[0].length = 8;
+    wr.rkey = 0x1234;
+    wr.remote_addr = 0x9000 + 8 * static_cast<std::uint64_t>(i);
+    const std::uint64_t checks_before = qp_.memory().checks();
+    seqs.push_back(qp_.Post(wr));
+    tx_.Pump();
+    EXPECT_EQ(qp_.memory().checks() - checks_before, 1u) << "Write " << i;
+  }
+  SendWorkRequest big = WrOver(SendOpcode::kRdmaWrite, data, lkey, 30);
+  big.rkey = 0x5678;
+  big.remote_addr = 0xA000;
+  const std::uint64_t checks_before = qp_.memory().checks();
+  seqs.push_back(qp_.Post(big));
+  tx_.Pump();
+  EXPECT_EQ(qp_.memory().checks() - checks_before, 1u);  // was one per WR plus one per turn
+
+  const ParsedWire wire = PeerReceived();
+  ASSERT_GE(wire.segments.size(), static_cast<std::size_t>(kSmallWrites) + 3);
+  for (int i = 0; i < kSmallWrites; ++i) {
+    const WireSegment& s = wire.segments[static_cast<std::size_t>(i)];
+    EXPECT_EQ(s.decoded.header.to, 0x9000u + 8 * static_cast<std::uint64_t>(i));
+    EXPECT_EQ(s.payload, std::vector<std::uint8_t>(data.begin() + 8 * i,
+                                                   data.begin() + 8 * i + 8));
+  }
+  std::vector<std::uint8_t> joined;
+  for (std::size_t i = kSmallWrites; i < wire.segments.size(); ++i) {
+    EXPECT_EQ(wire.segments[i].decoded.header.stag, 0x5678u);
+    joined.insert(joined.end(), wire.segments[i].payload.begin(),
+                  wire.segments[i].payload.end());
+  }
+  EXPECT_EQ(joined, data);
+  EXPECT_EQ(qp_.done, seqs);
+  EXPECT_TRUE(qp_.errors.empty());
+  // Deregister waits for every holder (memory.h): it returns, so the pin
+  // taken by the check went with the turn.
+  EXPECT_EQ(qp_.memory().Deregister(lkey), DeregisterStatus::kOk);
+}
+
+// The check still fails a WR whose second SGE lies outside its region, with
+// the pin of the first SGE's region taken: nothing of the WR goes out.
+TEST_F(TxSideTest, AWrWithOneBadSgeAfterAGoodOneFailsWholly) {
+  Start();
+  std::vector<std::uint8_t> data = Pattern(64, 6);
+  const std::uint32_t lkey = Register(data, AccessFlags::kNone);
+  SendWorkRequest wr = WrOver(SendOpcode::kRdmaWrite, data, lkey, 40);
+  wr.num_sge = 2;
+  wr.sge[0].length = 16;
+  wr.sge[1] = Sge{reinterpret_cast<std::uintptr_t>(data.data()) + 32, 64, lkey};  // past the end
+  wr.rkey = 0x1111;
+  const std::uint64_t seq = qp_.Post(wr);
+  tx_.Pump();
+
+  ASSERT_EQ(qp_.errors.size(), 1u);
+  ASSERT_TRUE(qp_.errors[0].failed_seq.has_value());
+  EXPECT_EQ(*qp_.errors[0].failed_seq, seq);
+  EXPECT_EQ(qp_.errors[0].failed_status, WcStatus::kLocProtErr);
+  const ParsedWire wire = PeerReceived();
+  ASSERT_EQ(wire.segments.size(), 1u);  // the Terminate only
+  EXPECT_TRUE(DecodeTerminateSegment(wire.segments[0]).has_value());
+  EXPECT_EQ(qp_.memory().Deregister(lkey), DeregisterStatus::kOk);
+}
+
 // RFC 5040 5.2: a Read Request goes on QN 1 with its own MSN sequence and
 // names the local sink and the remote source; it enters the ORQ before it
 // can reach the wire, and does not complete when sent (its response does).
