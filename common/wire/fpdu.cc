@@ -31,6 +31,17 @@ void FpduFrame::Append(const std::uint8_t* base, std::size_t len) {
   wire_length_ += len;
 }
 
+namespace {
+
+// Kept out of line: inlined, with its length known to be at most the
+// fused chunk, g++ turns the copy into `rep movsq`, slower here than
+// glibc's vector memcpy.
+[[gnu::noinline]] void CopyChunk(std::uint8_t* to, const std::uint8_t* from, std::size_t n) {
+  std::memcpy(to, from, n);
+}
+
+}  // namespace
+
 FpduFramer::FpduFramer(const FpduFramingConfig& config)
     : config_(config), grid_offset_(config.marker_grid_offset % kMarkerInterval) {}
 
@@ -149,7 +160,7 @@ FrameStatus FpduFramer::FrameImpl(ByteSpan ulpdu_header, std::span<const ByteSpa
     for (ByteSpan piece : payload) {
       for (std::size_t done = 0; done < piece.size();) {
         const std::size_t n = std::min(kChunk, piece.size() - done);
-        std::memcpy(at, piece.data() + done, n);
+        CopyChunk(at, piece.data() + done, n);
         running.Update(ByteSpan(at, n));
         at += n;
         done += n;
