@@ -32,6 +32,11 @@ constexpr std::size_t kMaxSlots = 64;
 constexpr std::size_t kKeptSlots = 1;
 constexpr std::size_t kCachedSlotsPerThread = kMaxSlots;
 constexpr std::size_t kKeptStagingOctets = 4096;
+// Read Response staging the thread's slot cache keeps (one batch). A
+// streaming responder goes idle after every batch; freeing the staging then
+// made every batch allocate and zero-fill it again, and the copy land in
+// memory no cache held (performance-notes 3.17).
+constexpr std::size_t kCachedStagingOctetsPerThread = kBatchOctets;
 
 // The scatter list of one sendmsg. Write fills it and hands it to the kernel
 // before any callback can run, so one per thread serves every QP (16 KiB
@@ -290,6 +295,11 @@ std::vector<std::unique_ptr<QpTx::Slot>>& QpTx::SlotCache() {
   return cache;
 }
 
+std::size_t& QpTx::CachedStagingOctets() {
+  thread_local std::size_t octets = 0;
+  return octets;
+}
+
 void QpTx::ReleaseIdleSlots() {
   static_assert(kKeptSlots == 1, "the kept slot is slot 0, where the next FPDU goes");
   first_ = 0;
@@ -305,8 +315,13 @@ void QpTx::ReleaseIdleSlots() {
       for (std::size_t k = 0; k < slot->source_count; ++k) slot->refs[k].Release();
       slot->source_count = 0;
       slot->refs_held = false;
-      slot->staging = {};
+      std::size_t& cached_staging = CachedStagingOctets();
+      if (cached_staging + slot->staging_capacity > kCachedStagingOctetsPerThread) {
+        slot->staging.reset();
+        slot->staging_capacity = 0;
+      }
       if (cache.size() < kCachedSlotsPerThread) {
+        cached_staging += slot->staging_capacity;
         cache.push_back(std::move(slot));
       } else {
         slot.reset();
@@ -314,7 +329,10 @@ void QpTx::ReleaseIdleSlots() {
       --allocated_slots_;
     }
   }
-  if (slots_[0] && slots_[0]->staging.capacity() > kKeptStagingOctets) slots_[0]->staging = {};
+  if (slots_[0] && slots_[0]->staging_capacity > kKeptStagingOctets) {
+    slots_[0]->staging.reset();
+    slots_[0]->staging_capacity = 0;
+  }
 }
 
 QpTx::Slot& QpTx::NewSlot() {
@@ -326,6 +344,7 @@ QpTx::Slot& QpTx::NewSlot() {
     } else {
       entry = std::move(cache.back());
       cache.pop_back();
+      CachedStagingOctets() -= entry->staging_capacity;
     }
     ++allocated_slots_;
   }
@@ -341,9 +360,12 @@ QpTx::Slot& QpTx::NewSlot() {
   return slot;
 }
 
-bool QpTx::FrameInto(Slot& slot, std::size_t header_length, std::span<const ByteSpan> payload) {
-  const mpa::FrameStatus status =
-      framer_->Frame(ByteSpan(slot.header.data(), header_length), payload, slot.frame);
+bool QpTx::FrameInto(Slot& slot, std::size_t header_length, std::span<const ByteSpan> payload,
+                     std::uint8_t* copy_to) {
+  const ByteSpan header(slot.header.data(), header_length);
+  const mpa::FrameStatus status = copy_to != nullptr
+                                      ? framer_->FrameCopy(header, payload, copy_to, slot.frame)
+                                      : framer_->Frame(header, payload, slot.frame);
   if (status != mpa::FrameStatus::kOk) {
     // Segments are sized to fit; this is an engine bug, not a peer's.
     for (std::size_t i = 0; i < slot.source_count; ++i) slot.refs[i].Release();
@@ -476,12 +498,17 @@ bool QpTx::FrameSegment() {
     }
     return false;
   }
-  if (cur_.kind == MessageKind::kResponse && params_.crc_enabled) {
-    StageResponsePayload(slot, pieces, piece_count);
-  }
+  const bool staged = cur_.kind == MessageKind::kResponse && params_.crc_enabled;
   const rdmap::EncodeResult encoded = rdmap::EncodeDdpRdmapHeader(header, slot.header);
-  if (!FrameInto(slot, encoded.length, std::span<const ByteSpan>(pieces.data(), piece_count))) {
+  if (!FrameInto(slot, encoded.length, std::span<const ByteSpan>(pieces.data(), piece_count),
+                 staged ? StagingFor(slot, n) : nullptr)) {
     return false;
+  }
+  if (staged) {
+    // The frame points at the copy: the source regions are no longer needed.
+    for (std::size_t i = 0; i < slot.source_count; ++i) slot.refs[i].Release();
+    slot.source_count = 0;
+    slot.refs_held = false;
   }
   cur_.offset += n;
   // A Read Response leaves the IRD count only when sendmsg has taken its
@@ -563,22 +590,12 @@ void QpTx::FrameTerminate() {
   FrameInto(slot, encoded.length, {});
 }
 
-void QpTx::StageResponsePayload(Slot& slot, std::array<ByteSpan, kMaxSge>& pieces,
-                                std::size_t& piece_count) {
-  std::size_t total = 0;
-  for (std::size_t i = 0; i < piece_count; ++i) total += pieces[i].size();
-  if (slot.staging.size() < total) slot.staging.resize(total);
-  std::size_t at = 0;
-  for (std::size_t i = 0; i < piece_count; ++i) {
-    // Read while the region is held and checked (GatherPayload).
-    std::memcpy(slot.staging.data() + at, pieces[i].data(), pieces[i].size());
-    at += pieces[i].size();
+std::uint8_t* QpTx::StagingFor(Slot& slot, std::size_t octets) {
+  if (slot.staging_capacity < octets) {
+    slot.staging = std::make_unique_for_overwrite<std::uint8_t[]>(octets);
+    slot.staging_capacity = octets;
   }
-  for (std::size_t i = 0; i < slot.source_count; ++i) slot.refs[i].Release();
-  slot.source_count = 0;
-  slot.refs_held = false;
-  pieces[0] = ByteSpan(slot.staging.data(), total);
-  piece_count = total > 0 ? 1 : 0;
+  return slot.staging.get();
 }
 
 bool QpTx::AcquireRefs(Slot& slot, AccessStatus& failure) {

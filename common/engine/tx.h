@@ -23,7 +23,8 @@
 //    reader then sees some mix of old and new octets, which verbs allows).
 //    So with CRC on it is copied into the slot's staging buffer and the CRC
 //    computed over the copy; without CRC nothing checks it and it is sent
-//    in place. (ISA-L has no fused copy + CRC32c, so memcpy, then CRC.)
+//    in place. (ISA-L has no fused copy + CRC32c: the framer copies 8 KiB,
+//    then runs the CRC over those 8 KiB while they are in L1.)
 // Payload pieces still in registered memory are re-checked against the
 // STag table before every sendmsg that reads them and their RegionRefs are
 // dropped before the gate holder returns, so a Deregister never waits for
@@ -128,8 +129,11 @@ class QpTx {
     mpa::FpduFrame frame;
     std::array<std::uint8_t, 80> header{};  // ULPDU header; a whole Terminate ULPDU fits
     // A Read Response's payload, copied when CRC is on (see above); grows
-    // to the largest segment this slot carried, at most the max ULPDU.
-    std::vector<std::uint8_t> staging;
+    // to the largest segment this slot carried, at most the max ULPDU. Not
+    // zero-filled (the copy overwrites what it uses), and kept while the
+    // slot waits in the thread's cache (see ReleaseIdleSlots).
+    std::unique_ptr<std::uint8_t[]> staging;
+    std::size_t staging_capacity = 0;
     std::size_t sent = 0;                   // wire octets already written
     Role role = Role::kSqSegment;
     bool last = false;                      // final segment of its message
@@ -180,16 +184,19 @@ class QpTx {
   void ReleaseIdleSlots();
   // This thread's idle slots (any QP's), for NewSlot to reuse.
   static std::vector<std::unique_ptr<Slot>>& SlotCache();
-  bool FrameInto(Slot& slot, std::size_t header_length, std::span<const ByteSpan> payload);
+  // Read Response staging octets held by this thread's cached slots.
+  static std::size_t& CachedStagingOctets();
+  // Frames the slot's FPDU; with `copy_to`, over a copy of the payload made
+  // there (FpduFramer::FrameCopy).
+  bool FrameInto(Slot& slot, std::size_t header_length, std::span<const ByteSpan> payload,
+                 std::uint8_t* copy_to = nullptr);
   // Fills slot sources + refs for [offset, offset + length) of the current
   // message and the payload pieces; false if a region check failed.
   bool GatherPayload(Slot& slot, std::uint64_t offset, std::size_t length,
                      std::array<ByteSpan, kMaxSge>& pieces, std::size_t& piece_count,
                      AccessStatus& failure);
-  // Copies a Read Response segment's payload into the slot and points
-  // `pieces` at the copy; the source regions are no longer needed.
-  void StageResponsePayload(Slot& slot, std::array<ByteSpan, kMaxSge>& pieces,
-                            std::size_t& piece_count);
+  // The slot's staging buffer for a Read Response copy of `octets`.
+  static std::uint8_t* StagingFor(Slot& slot, std::size_t octets);
   bool AcquireRefs(Slot& slot, AccessStatus& failure);
   // Appends the octets of `slot` not yet written to iov[count...], as far as
   // `iov` has room; returns how many octets it added.

@@ -167,6 +167,53 @@ TEST(FpduFramer, UlpduLengthZero) {
 
 // --- Scatter list -----------------------------------------------------------
 
+// FrameCopy (a Read Response with CRC on): the copy is framed instead of the
+// pieces, and the FPDU on the wire is the one Frame would send, CRC
+// included, whether the CRC is fused with the copy (no markers) or not.
+TEST(FpduFramer, FrameCopySendsTheSameFpduFromTheCopy) {
+  const Bytes header = Pattern(14, 30);
+  // Pieces across the framer's 8 KiB copy chunks, and a 3-octet tail (pad 1).
+  Bytes a = Pattern(5000, 31);
+  const Bytes b = Pattern(20000, 32);
+  const Bytes c = Pattern(3, 33);
+  const Bytes ulpdu = Concat(Concat(Concat(header, a), b), c);
+  const ByteSpan payload[] = {a, ByteSpan{}, b, c};
+  for (const bool crc : {true, false}) {
+    for (const bool markers : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "crc " << crc << " markers " << markers);
+      FpduFramer framer({.crc_enabled = crc, .markers_enabled = markers,
+                         .marker_grid_offset = 100});
+      Bytes copy(a.size() + b.size() + c.size(), 0xEE);
+      FpduFrame frame;
+      ASSERT_EQ(framer.FrameCopy(header, payload, copy.data(), frame), FrameStatus::kOk);
+      EXPECT_EQ(copy, Concat(Concat(a, b), c));
+      for (const IoSlice& slice : frame.slices()) {
+        for (const Bytes* piece : std::array<const Bytes*, 3>{&a, &b, &c}) {
+          EXPECT_FALSE(slice.base >= piece->data() && slice.base < piece->data() + piece->size())
+              << "a slice points at a source piece";
+        }
+      }
+      const Bytes expected = markers ? reference::MarkedFpdu(ulpdu, crc, 100)
+                                     : reference::UnmarkedFpdu(ulpdu, crc);
+      EXPECT_EQ(Flatten(frame.slices()), expected);
+      // The copy is what goes out: changing a source afterwards changes nothing.
+      a[0] ^= 0xFF;
+      EXPECT_EQ(Flatten(frame.slices()), expected);
+      a[0] ^= 0xFF;
+    }
+  }
+}
+
+TEST(FpduFramer, FrameCopyWithoutPayloadCopiesNothing) {
+  const Bytes header = Pattern(28, 34);
+  FpduFramer framer({.crc_enabled = true});
+  FpduFrame frame;
+  std::uint8_t guard = 0x5A;
+  ASSERT_EQ(framer.FrameCopy(header, {}, &guard, frame), FrameStatus::kOk);
+  EXPECT_EQ(guard, 0x5A);
+  EXPECT_EQ(Flatten(frame.slices()), reference::UnmarkedFpdu(header, true));
+}
+
 TEST(FpduFramer, ScatterListReferencesCallerMemoryWithoutCopying) {
   const Bytes header = Pattern(14, 3);
   const Bytes a = Pattern(100, 4);
