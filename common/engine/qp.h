@@ -311,6 +311,15 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // found full, from the streams of the engine that waited then
   // (UnsentLimitFor; 0: the system's default). Tests.
   std::size_t unsent_limit() const { return unsent_limit_.load(std::memory_order_relaxed); }
+  // EPOLLOUT wake-ups that found the transmit side owned by another thread
+  // (each takes the write interest off; tests).
+  std::uint64_t tx_wakes_owned() const {
+    return tx_wakes_owned_.load(std::memory_order_relaxed);
+  }
+  // Tests: hold the transmit gate as an application thread transmitting
+  // inline does; kicks that arrive meanwhile pump at the release.
+  void HoldTxGateForTest() { LockTxExclusive(); }
+  void ReleaseTxGateForTest() { UnlockTxExclusive(); }
   // Posts whose transmit waited for one of the above (tests).
   std::uint64_t coalesced_posts() const {
     return coalesced_posts_.load(std::memory_order_relaxed);
@@ -619,6 +628,7 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   std::atomic<bool> tx_owed_{false};
   std::atomic<bool> tx_owed_timer_{false};
   std::atomic<std::uint64_t> coalesced_posts_{0};
+  std::atomic<std::uint64_t> tx_wakes_owned_{0};
   // Polling thread: true once no read has returned data for
   // kQuietBeforePollWait, as far as the polls can tell, or while the QP is
   // a sink: kSinkOctets came in since its last PostSend, or between its
