@@ -169,6 +169,23 @@ class TxSideTest : public ::testing::Test {
     return wr;
   }
 
+  // The WR numbered `seq` failed with a local protection error and the peer
+  // got nothing but a Terminate: that Terminate's header, or nothing (with
+  // the failure recorded).
+  std::optional<rdmap::TerminateHeader> OnlyATerminateAfterLocProtErr(std::uint64_t seq) {
+    EXPECT_EQ(qp_.errors.size(), 1u);
+    if (qp_.errors.size() != 1 || !qp_.errors[0].failed_seq.has_value()) {
+      ADD_FAILURE() << "the QP reported no failed WR";
+      return std::nullopt;
+    }
+    EXPECT_EQ(*qp_.errors[0].failed_seq, seq);
+    EXPECT_EQ(qp_.errors[0].failed_status, WcStatus::kLocProtErr);
+    const ParsedWire wire = PeerReceived();
+    EXPECT_EQ(wire.segments.size(), 1u);  // the Terminate only
+    if (wire.segments.size() != 1) return std::nullopt;
+    return DecodeTerminateSegment(wire.segments[0]);
+  }
+
   static std::vector<std::uint8_t> Pattern(std::size_t n, std::uint8_t seed) {
     std::vector<std::uint8_t> v(n);
     for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::uint8_t>(seed + i * 7);
@@ -314,13 +331,7 @@ TEST_F(TxSideTest, AWrWithOneBadSgeAfterAGoodOneFailsWholly) {
   const std::uint64_t seq = qp_.Post(wr);
   tx_.Pump();
 
-  ASSERT_EQ(qp_.errors.size(), 1u);
-  ASSERT_TRUE(qp_.errors[0].failed_seq.has_value());
-  EXPECT_EQ(*qp_.errors[0].failed_seq, seq);
-  EXPECT_EQ(qp_.errors[0].failed_status, WcStatus::kLocProtErr);
-  const ParsedWire wire = PeerReceived();
-  ASSERT_EQ(wire.segments.size(), 1u);  // the Terminate only
-  EXPECT_TRUE(DecodeTerminateSegment(wire.segments[0]).has_value());
+  EXPECT_TRUE(OnlyATerminateAfterLocProtErr(seq).has_value());
   EXPECT_EQ(qp_.memory().Deregister(lkey), DeregisterStatus::kOk);
 }
 
@@ -408,13 +419,7 @@ TEST_F(TxSideTest, AWrWithABadLkeyFailsAndOnlyTheTerminateIsSent) {
   const std::uint64_t seq = qp_.Post(WrOver(SendOpcode::kSend, data, 0xDEAD00, 8));
   tx_.Pump();
 
-  ASSERT_EQ(qp_.errors.size(), 1u);
-  ASSERT_TRUE(qp_.errors[0].failed_seq.has_value());
-  EXPECT_EQ(*qp_.errors[0].failed_seq, seq);
-  EXPECT_EQ(qp_.errors[0].failed_status, WcStatus::kLocProtErr);
-  const ParsedWire wire = PeerReceived();
-  ASSERT_EQ(wire.segments.size(), 1u);
-  const std::optional<rdmap::TerminateHeader> t = DecodeTerminateSegment(wire.segments[0]);
+  const std::optional<rdmap::TerminateHeader> t = OnlyATerminateAfterLocProtErr(seq);
   ASSERT_TRUE(t.has_value());
   EXPECT_EQ(t->cause, rdmap::TerminateCause::RdmapLocalCatastrophic());
   EXPECT_FALSE(t->d);

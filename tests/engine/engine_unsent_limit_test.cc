@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <span>
 #include <thread>
 #include <vector>
 
@@ -206,6 +207,35 @@ TEST_F(UnsentLimitTest, EpollOutWhileTheApplicationOwnsTransmitWakesTheProgressT
       << drained_.load() << " octets reached the peers, " << payload << " of payload sent";
 }
 
+// The completions of Writes numbered 0..total-1 that several threads poll:
+// each must come once, successful, and all of them must come.
+struct WriteTally {
+  explicit WriteTally(std::uint64_t total) : seen(total) {}
+
+  void Take(std::span<const WorkCompletion> batch) {
+    for (const WorkCompletion& wc : batch) {
+      if (wc.status != WcStatus::kSuccess || wc.wr_id >= seen.size()) {
+        failed.store(true);
+        continue;
+      }
+      seen[wc.wr_id].fetch_add(1);
+    }
+    completed.fetch_add(batch.size());
+  }
+  bool AllIn() const { return completed.load() >= seen.size(); }
+  void ExpectEachOnce() const {
+    EXPECT_FALSE(failed.load());
+    EXPECT_EQ(completed.load(), seen.size());
+    for (std::uint64_t id = 0; id < seen.size(); ++id) {
+      EXPECT_EQ(seen[id].load(), 1) << "wr " << id;
+    }
+  }
+
+  std::vector<std::atomic<int>> seen;
+  std::atomic<std::uint64_t> completed{0};
+  std::atomic<bool> failed{false};
+};
+
 // Two application threads post and poll the one CQ of all the streams (as
 // perftest's -q does) while the progress thread transmits on EPOLLOUT and
 // the peers read in bursts, so sockets fill and drain over and over: every
@@ -215,43 +245,32 @@ TEST_F(UnsentLimitTest, PostersPollersAndTheProgressThreadRaceOnManyStreams) {
   ASSERT_EQ(qps_.size(), kStreams);
   constexpr std::uint64_t kWritesPerStream = 300;
   constexpr std::uint64_t kTotal = kStreams * kWritesPerStream;
-  std::vector<std::atomic<int>> seen(kTotal);
-  std::atomic<std::uint64_t> completed{0};
-  std::atomic<bool> failed{false};
+  WriteTally tally(kTotal);
   StartDrain();
   auto poster = [&](std::size_t first_stream) {
     std::array<std::uint64_t, kStreams> posted{};
     std::array<WorkCompletion, 16> batch;
     const auto deadline = Clock::now() + kWait;
-    while (completed.load() < kTotal && Clock::now() < deadline) {
+    while (!tally.AllIn() && Clock::now() < deadline) {
       for (std::size_t i = first_stream; i < kStreams; i += 2) {
         // Up to 8 back to back per stream, as long as its SQ has room.
         for (int k = 0; k < 8 && posted[i] < kWritesPerStream; ++k) {
           const std::uint64_t id = i * kWritesPerStream + posted[i];
           const PostStatus status = PostWrite(i, id);
           if (status == PostStatus::kQueueFull) break;
-          if (status != PostStatus::kOk) failed.store(true);
+          if (status != PostStatus::kOk) tally.failed.store(true);
           ++posted[i];
         }
       }
       const std::size_t got = send_cq_->PollWithProgress(batch);
-      for (std::size_t k = 0; k < got; ++k) {
-        if (batch[k].status != WcStatus::kSuccess || batch[k].wr_id >= kTotal) {
-          failed.store(true);
-          continue;
-        }
-        seen[batch[k].wr_id].fetch_add(1);
-      }
-      completed.fetch_add(got);
+      tally.Take(std::span(batch).first(got));
     }
   };
   std::thread first(poster, 0);
   std::thread second(poster, 1);
   first.join();
   second.join();
-  EXPECT_FALSE(failed.load());
-  EXPECT_EQ(completed.load(), kTotal);
-  for (std::uint64_t id = 0; id < kTotal; ++id) EXPECT_EQ(seen[id].load(), 1) << "wr " << id;
+  tally.ExpectEachOnce();
   EXPECT_TRUE(WaitUntil([&] { return engine_->tx_blocked_streams() == 0; }));
   // How often EPOLLOUT met an inline transmitter here (it took the write
   // interest off and left the pump to that thread): for the record only.
@@ -270,35 +289,26 @@ TEST_F(UnsentLimitTest, InlineTransmittersAndEpollOutWakeUpsRaceOverTheWriteInte
   ASSERT_EQ(qps_.size(), kStreams);
   constexpr std::uint64_t kWritesPerStream = 400;
   constexpr std::uint64_t kTotal = kStreams * kWritesPerStream;
-  std::vector<std::atomic<int>> seen(kTotal);
-  std::atomic<std::uint64_t> completed{0};
-  std::atomic<bool> failed{false};
+  WriteTally tally(kTotal);
   drain_pause_ = std::chrono::microseconds(300);
   StartDrain();
   auto transmitter = [&](std::size_t first_stream) {
     std::array<std::uint64_t, kStreams> posted{};
     std::array<WorkCompletion, 16> batch;
     const auto deadline = Clock::now() + kWait;
-    while (completed.load() < kTotal && Clock::now() < deadline) {
+    while (!tally.AllIn() && Clock::now() < deadline) {
       for (std::size_t i = first_stream; i < kStreams; i += 2) {
         if (posted[i] < kWritesPerStream) {
           const PostStatus status = PostWrite(i, i * kWritesPerStream + posted[i]);
           if (status == PostStatus::kOk) {
             ++posted[i];
           } else if (status != PostStatus::kQueueFull) {
-            failed.store(true);
+            tally.failed.store(true);
           }
         }
         // A poll after every post: the next post transmits at once, inline.
         const std::size_t got = send_cq_->Poll(batch);
-        for (std::size_t k = 0; k < got; ++k) {
-          if (batch[k].status != WcStatus::kSuccess || batch[k].wr_id >= kTotal) {
-            failed.store(true);
-            continue;
-          }
-          seen[batch[k].wr_id].fetch_add(1);
-        }
-        completed.fetch_add(got);
+        tally.Take(std::span(batch).first(got));
       }
     }
   };
@@ -306,9 +316,7 @@ TEST_F(UnsentLimitTest, InlineTransmittersAndEpollOutWakeUpsRaceOverTheWriteInte
   std::thread second(transmitter, 1);
   first.join();
   second.join();
-  EXPECT_FALSE(failed.load());
-  EXPECT_EQ(completed.load(), kTotal);
-  for (std::uint64_t id = 0; id < kTotal; ++id) EXPECT_EQ(seen[id].load(), 1) << "wr " << id;
+  tally.ExpectEachOnce();
   EXPECT_TRUE(WaitUntil([&] { return engine_->tx_blocked_streams() == 0; }));
   std::uint64_t owned = 0;
   for (const auto& qp : qps_) owned += qp->tx_wakes_owned();
