@@ -312,13 +312,10 @@ void QpTx::ReleaseIdleSlots() {
         slots_[0] = std::move(slot);
         continue;
       }
-      for (std::size_t k = 0; k < slot->source_count; ++k) slot->refs[k].Release();
-      slot->source_count = 0;
-      slot->refs_held = false;
+      slot->DropSources();
       std::size_t& cached_staging = CachedStagingOctets();
       if (cached_staging + slot->staging_capacity > kCachedStagingOctetsPerThread) {
-        slot->staging.reset();
-        slot->staging_capacity = 0;
+        slot->DropStaging();
       }
       if (cache.size() < kCachedSlotsPerThread) {
         cached_staging += slot->staging_capacity;
@@ -329,10 +326,7 @@ void QpTx::ReleaseIdleSlots() {
       --allocated_slots_;
     }
   }
-  if (slots_[0] && slots_[0]->staging_capacity > kKeptStagingOctets) {
-    slots_[0]->staging.reset();
-    slots_[0]->staging_capacity = 0;
-  }
+  if (slots_[0] && slots_[0]->staging_capacity > kKeptStagingOctets) slots_[0]->DropStaging();
 }
 
 QpTx::Slot& QpTx::NewSlot() {
@@ -349,14 +343,12 @@ QpTx::Slot& QpTx::NewSlot() {
     ++allocated_slots_;
   }
   Slot& slot = *entry;
-  for (std::size_t i = 0; i < slot.source_count; ++i) slot.refs[i].Release();
+  slot.DropSources();
   slot.sent = 0;
   slot.role = Role::kSqSegment;
   slot.last = false;
   slot.seq = 0;
   slot.source_kind = AccessKind::kLocalRead;
-  slot.source_count = 0;
-  slot.refs_held = false;
   return slot;
 }
 
@@ -504,12 +496,7 @@ bool QpTx::FrameSegment() {
                  staged ? StagingFor(slot, n) : nullptr)) {
     return false;
   }
-  if (staged) {
-    // The frame points at the copy: the source regions are no longer needed.
-    for (std::size_t i = 0; i < slot.source_count; ++i) slot.refs[i].Release();
-    slot.source_count = 0;
-    slot.refs_held = false;
-  }
+  if (staged) slot.DropSources();  // the frame points at the copy
   cur_.offset += n;
   // A Read Response leaves the IRD count only when sendmsg has taken its
   // last octet (Advance), not here: until then the peer cannot have it.

@@ -144,6 +144,18 @@ class QpTx {
     // A piece's own RegionRef, or none while pin_ holds its region.
     std::array<RegionRef, kMaxSge> refs;
     bool refs_held = false;
+
+    // Releases the regions of the sources and forgets them: the frame no
+    // longer reads registered memory.
+    void DropSources() {
+      for (std::size_t i = 0; i < source_count; ++i) refs[i].Release();
+      source_count = 0;
+      refs_held = false;
+    }
+    void DropStaging() {
+      staging.reset();
+      staging_capacity = 0;
+    }
   };
 
   enum class MessageKind : std::uint8_t { kNone, kSq, kResponse };

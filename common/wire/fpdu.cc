@@ -135,41 +135,36 @@ FrameStatus FpduFramer::FrameImpl(ByteSpan ulpdu_header, std::span<const ByteSpa
   emit(out.trailer_.data(), pad + kCrcSize);
 
   // Without markers the CRC covers length field, header, payload and pad in
-  // that order, so the copy can feed it chunk by chunk.
+  // that order, so the copy can feed it chunk by chunk, each chunk small
+  // enough to stay in L1 between the copy and the CRC.
   const bool fused = copy_to != nullptr && config_.crc_enabled && !use_markers;
-  if (copy_to != nullptr && !fused) {
-    std::uint8_t* at = copy_to;
-    for (ByteSpan piece : payload) {
-      if (piece.empty()) continue;
-      std::memcpy(at, piece.data(), piece.size());
-      at += piece.size();
-    }
-  }
-
-  // The CRC covers the FPDU as it goes out, markers included (see
-  // mpa_markers.h), so it is computed over the slices in wire order. The
-  // CRC field's slices point at trailer_, filled in below.
-  std::uint32_t crc = 0;
+  Crc32c running;
   if (fused) {
-    // Small enough to stay in L1 between the copy and the CRC.
-    constexpr std::size_t kChunk = 8192;
-    Crc32c running;
     running.Update(ByteSpan(out.length_field_.data(), out.length_field_.size()));
     running.Update(ulpdu_header);
+  }
+  if (copy_to != nullptr) {
+    constexpr std::size_t kChunk = 8192;
     std::uint8_t* at = copy_to;
     for (ByteSpan piece : payload) {
       for (std::size_t done = 0; done < piece.size();) {
         const std::size_t n = std::min(kChunk, piece.size() - done);
         CopyChunk(at, piece.data() + done, n);
-        running.Update(ByteSpan(at, n));
+        if (fused) running.Update(ByteSpan(at, n));
         at += n;
         done += n;
       }
     }
+  }
+
+  // Otherwise the CRC covers the FPDU as it goes out, markers included (see
+  // mpa_markers.h), so it is computed over the slices in wire order. The
+  // CRC field's slices point at trailer_, filled in below.
+  std::uint32_t crc = 0;
+  if (fused) {
     running.Update(ByteSpan(out.trailer_.data(), pad));
     crc = running.Value();
   } else if (config_.crc_enabled) {
-    Crc32c running;
     std::size_t left = crc_field_at;
     for (std::size_t i = 0; i < out.slice_count_ && left > 0; ++i) {
       const IoSlice& slice = out.slices_[i];
