@@ -899,15 +899,21 @@ TEST_F(PollProgressTest, SinkSharingItsCqLeavesReadingToTheProgressThreadAndLose
 
 // A sink alone on its receive CQ reads its own stream (run to completion)
 // and, when the socket is empty, sleeps on the socket instead of on the CQ
-// (PollDriver::WaitForInput; docs/performance-notes.md 3.16). b's progress
-// thread is held, so only b's polls can read: a sink left to that thread
-// would stall the stream once kSinkOctets came in. Every Send completes
-// once, in order, with its data, and after the stream an empty poll sleeps
-// on the socket.
+// (PollDriver::WaitForInput; docs/performance-notes.md 3.16). Once the
+// stream is a sink, b's progress thread is held, so only b's polls can
+// read: a sink left to that thread would stall the stream. Every Send
+// completes once, in order, with its data, and after the stream an empty
+// poll sleeps on the socket.
 TEST_F(PollProgressTest, SinkAloneOnItsCqReadsItsOwnStreamAndSleepsOnItsSocket) {
   Link(a_, b_, Transport::kTcp, {});
   b_.recv_cq->set_poll_wait(std::chrono::microseconds(200));
   SinkStream stream(a_, b_);
+  // Not held before the stream is a sink: a stream that is no sink yet and
+  // quiet for Qp::kQuietBeforePollWait (a starved sender on a loaded
+  // machine) is the progress thread's to read, as it must be.
+  constexpr std::uint64_t kToSink = Qp::kSinkOctets / SinkStream::kSize;
+  ASSERT_EQ(stream.Run(kToSink), kToSink);
+  ASSERT_TRUE(b_.qp->IsSink());
   ProgressThreadBlocker blocker(b_, a_.engine);
   ASSERT_TRUE(blocker.Block());
   constexpr std::uint64_t kMessages = 2 * (Qp::kSinkOctets / SinkStream::kSize);
