@@ -17,9 +17,13 @@ void ProgressPlacement::Apply() {
   if (cpu != candidate_) {
     candidate_ = cpu;
     candidate_since_ = now;
+    candidate_wakeups_ = 0;
     return;
   }
-  if (now - candidate_since_ < kSettle) return;
+  // Settled: seen at kSettleWakeups wake-ups in a row (a ping-pong wakes the
+  // thread once a message: its first slow iterations end after a few), or
+  // for kSettle (a thread woken rarely).
+  if (++candidate_wakeups_ < kSettleWakeups && now - candidate_since_ < kSettle) return;
   applied_ = cpu;
   // A CPU outside the inherited set needs no avoiding: the whole set again.
   const int avoid = cpu >= 0 && cpu < CPU_SETSIZE && CPU_ISSET(cpu, &allowed_) ? cpu : -1;

@@ -21,8 +21,9 @@
 // the application spins on.
 //
 // Limits: per engine (device context); the last note wins and stays until
-// another replaces it; a note must stay the same for kSettle before the
-// thread moves (threads posting from several CPUs move nothing); the
+// another replaces it; a note must stay the same for kSettle or
+// kSettleWakeups wake-ups before the thread moves (threads posting from
+// several CPUs move nothing); the
 // progress thread's allowed set is the one it inherited when it started; an
 // affinity change an application makes for the progress thread later is
 // overridden at the next change of the hint. A process allowed one CPU is
@@ -64,15 +65,21 @@ class ProgressPlacement {
   // Progress thread, once before its loop: reads the thread's allowed CPUs.
   void Start();
   // Progress thread, before it sleeps: moves it off the application's CPU
-  // once the hint has stayed the same for kSettle (seen at two wake-ups that
-  // far apart). A hint that flips (threads posting from several CPUs, a
-  // requester that posts once before it takes the read lease) moves nothing.
+  // once the hint has stayed the same at kSettleWakeups calls in a row, or
+  // for kSettle (seen at two calls that far apart). A hint that flips
+  // (threads posting from several CPUs, a requester that posts once before
+  // it takes the read lease) moves nothing.
   void Apply();
 
   // The CPU the thread keeps off, -1 for none (progress thread; tests).
   int avoided_cpu() const { return avoided_; }
 
   static constexpr std::chrono::milliseconds kSettle{1};
+  // A ping-pong wakes the thread once a message; until it moves, every
+  // message waits behind a spinner (20 us instead of 6; 1 ms of them was
+  // about 24 of ib_write_lat's 5 000 iterations: docs/performance-notes.md
+  // 3.21).
+  static constexpr int kSettleWakeups = 8;
 
  private:
   void Store(int cpu) {
@@ -91,6 +98,7 @@ class ProgressPlacement {
   int applied_ = -1;    // the hint acted on
   int candidate_ = -1;  // the hint seen at the last Apply, since candidate_since_
   std::chrono::steady_clock::time_point candidate_since_{};
+  int candidate_wakeups_ = 0;  // Apply calls that saw candidate_ again
 };
 
 }  // namespace siwx::engine

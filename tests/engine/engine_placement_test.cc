@@ -181,6 +181,56 @@ TEST_F(PlacementTest, AnyNeverTouchesTheProgressThread) {
   EXPECT_TRUE(CPU_EQUAL(&set, &allowed_));
 }
 
+// ProgressPlacement alone, on the test thread in the progress thread's
+// role: a note taken on a thread pinned to `cpu`.
+void NoteFrom(ProgressPlacement& placement, int cpu) {
+  std::thread poster([&] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+    placement.NoteApplicationCpu();
+  });
+  poster.join();
+}
+
+// A ping-pong wakes the progress thread once a message, and every message
+// before it moves waits behind a spinning application (about 20 us instead
+// of 6 in ib_write_lat): it moves after kSettleWakeups wake-ups that saw the
+// same note, however little time they took (before: only after 1 ms, about
+// 24 slow iterations; docs/performance-notes.md 3.21).
+TEST_F(PlacementTest, ANoteSeenAtEnoughWakeupsInARowMovesTheThreadAtOnce) {
+  ProgressPlacement placement(ProgressAffinity::kAway);
+  placement.Start();
+  NoteFrom(placement, cpu_);
+  placement.Apply();  // first sight of the note
+  for (int i = 1; i < ProgressPlacement::kSettleWakeups; ++i) placement.Apply();
+  EXPECT_EQ(placement.avoided_cpu(), -1) << "moved before kSettleWakeups wake-ups";
+  placement.Apply();
+  EXPECT_EQ(placement.avoided_cpu(), cpu_);
+  const cpu_set_t set = AffinityOf(0);
+  EXPECT_FALSE(CPU_ISSET(cpu_, &set));
+}
+
+// The count is of wake-ups in a row: a note that changes at every wake-up
+// (two threads posting from two CPUs in turn) never settles.
+TEST_F(PlacementTest, ANoteThatChangesAtEveryWakeupNeverMovesTheThread) {
+  int other = -1;
+  for (int cpu = cpu_ + 1; cpu < CPU_SETSIZE && other < 0; ++cpu) {
+    if (CPU_ISSET(cpu, &allowed_)) other = cpu;
+  }
+  ASSERT_GE(other, 0);
+  ProgressPlacement placement(ProgressAffinity::kAway);
+  placement.Start();
+  for (int i = 0; i < 8 * ProgressPlacement::kSettleWakeups; ++i) {
+    NoteFrom(placement, i % 2 == 0 ? cpu_ : other);
+    placement.Apply();
+  }
+  EXPECT_EQ(placement.avoided_cpu(), -1);
+  const cpu_set_t set = AffinityOf(0);
+  EXPECT_TRUE(CPU_EQUAL(&set, &allowed_));
+}
+
 // `top -H`, `ps -L`, gdb and perf tell it from the application's threads
 // (a thread otherwise inherits the process's name).
 TEST(ProgressThread, IsNamedSiwxProgress) {
