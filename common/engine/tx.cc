@@ -616,7 +616,8 @@ void QpTx::ReturnStaging(Slot& slot) {
 }
 
 bool QpTx::StagingFull() const {
-  return params_.crc_enabled && cur_.kind == MessageKind::kResponse &&
+  // Only with something in flight, so that a sendmsg is due to make room.
+  return params_.crc_enabled && cur_.kind == MessageKind::kResponse && in_flight_ > 0 &&
          staged_unsent_ >= kStagedOctetsUnsent;
 }
 
