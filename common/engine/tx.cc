@@ -34,8 +34,9 @@ constexpr std::size_t kCachedSlotsPerThread = kMaxSlots;
 // them is copied, then read by sendmsg, so it should fit in one core's L2
 // (2 MiB here) next to the source and the kernel's socket buffers. A whole
 // batch (kBatchOctets) made both the copy and sendmsg's read of it miss L2
-// (performance-notes 3.17, 3.22).
-constexpr std::size_t kStagedOctetsUnsent = std::size_t{256} << 10;
+// (performance-notes 3.17); 256 KiB pieces cost about as much in extra
+// sendmsg calls (loopback delivery) as they saved (3.22).
+constexpr std::size_t kStagedOctetsUnsent = std::size_t{512} << 10;
 // Free staging buffers a thread keeps for the next copies (any QP's): one
 // QP's worth and as much again. Freeing them at every idle point made every
 // batch allocate (and zero-fill) them again (performance-notes 3.17).
