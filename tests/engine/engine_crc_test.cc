@@ -218,8 +218,8 @@ TEST(EngineCrc, ReadResponsesStagedPieceByPieceGoOutAsTheReferenceFramesThem) {
   // With CRC on, the responder copies each Read Response segment into a
   // staging buffer and sends at most a few hundred KiB of copies per
   // sendmsg, reusing the buffers sendmsg has just read (tx.h). Two Reads of
-  // odd sizes and offsets, about 1.7 MB in 16 KiB FPDUs, so the buffers go
-  // round many times: the stream must be, octet for octet, the Read
+  // odd sizes and offsets, about 1.7 MB in 16 KiB FPDUs, so the buffers are
+  // reused several times: the stream must be, octet for octet, the Read
   // Responses the reference model frames from the source (RFC 5040 4.4,
   // 5.2; RFC 5044 4.1, 4.3, 4.4: CRC over the FPDU as sent, markers
   // included). CRC off (sent in place) is the same stream with zero CRCs.
