@@ -240,6 +240,8 @@ class BandwidthTable {
         {"siwx Write, MULPDU from EMSS, CRC on", true, MulpduChoice::kFromEmss},
         {"siwx Write, large FPDUs, CRC off", false, MulpduChoice::kLarge},
         {"siwx Write, large FPDUs, CRC on", true, MulpduChoice::kLarge},
+        {"siwx Read, MULPDU from EMSS, CRC off", false, MulpduChoice::kFromEmss, true},
+        {"siwx Read, MULPDU from EMSS, CRC on", true, MulpduChoice::kFromEmss, true},
     };
     if (o.ethernet_rows) {
       // Standard framing between two hosts on Ethernet (what every non-siwx

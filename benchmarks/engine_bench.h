@@ -143,13 +143,16 @@ class LatencyRun {
 // 1. TCP stream of `write_size` blocking writes.
 BwResult RunTcpStream(const Options& o, std::size_t write_size);
 
-// 2. siwx RDMA Write stream.
+// 2. siwx RDMA Write (or Read) stream.
 enum class MulpduChoice : std::uint8_t { kFromEmss, kLarge, kEthernet };
 
 struct BwConfig {
   const char* label;
   bool crc;
   MulpduChoice mulpdu;
+  // RDMA Reads of the same size instead of Writes (ib_read_bw): the other
+  // end's progress thread answers them, with CRC from a staged copy.
+  bool read = false;
 };
 BwResult RunSiwxStream(const Options& o, const BwConfig& bc, std::uint32_t seed);
 

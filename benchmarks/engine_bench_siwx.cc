@@ -207,13 +207,18 @@ bool AwaitCompletions(engine::CompletionQueue& cq, std::size_t n, std::string* e
 }  // namespace
 
 // ---------------------------------------------------------------------------
-// 2. siwx RDMA Write stream
+// 2. siwx RDMA Write (or Read) stream
 
 BwResult RunSiwxStream(const Options& o, const BwConfig& bc, std::uint32_t seed) {
   engine::StreamParams params;
   params.crc_enabled = bc.crc;
   params.large_fpdus = bc.mulpdu == MulpduChoice::kLarge;
   if (bc.mulpdu == MulpduChoice::kEthernet) params.max_ulpdu = mpa::Mulpdu(kEthernetEmss, false);
+  if (bc.read) {
+    // What ib_read_bw negotiates on siwx: enough for the whole window.
+    params.ird = static_cast<std::uint32_t>(o.window);
+    params.ord = static_cast<std::uint32_t>(o.window);
+  }
 
   PageBuffer src(o.msg_size);
   PageBuffer dst(o.msg_size);
@@ -224,16 +229,26 @@ BwResult RunSiwxStream(const Options& o, const BwConfig& bc, std::uint32_t seed)
   if (!pair.Create(params, o.window + 4, 0, &error)) return Failed(error);
   Side& a = pair.a();
   Side& b = pair.b();
-  const auto src_key = a.Register(src, AccessFlags::kLocalWrite);
-  const auto dst_key = b.Register(dst, AccessFlags::kLocalWrite | AccessFlags::kRemoteWrite);
-  if (!src_key || !dst_key) return Failed("Register failed");
-
   SendWorkRequest wr;
-  wr.opcode = SendOpcode::kRdmaWrite;
   wr.num_sge = 1;
-  wr.sge[0] = engine::Sge{src.addr(), static_cast<std::uint32_t>(o.msg_size), *src_key};
-  wr.remote_addr = dst.addr();
-  wr.rkey = *dst_key;
+  if (bc.read) {
+    // a reads b's `src` into its own `dst`.
+    const auto src_key = b.Register(src, AccessFlags::kLocalWrite | AccessFlags::kRemoteRead);
+    const auto dst_key = a.Register(dst, AccessFlags::kLocalWrite | AccessFlags::kRemoteWrite);
+    if (!src_key || !dst_key) return Failed("Register failed");
+    wr.opcode = SendOpcode::kRdmaRead;
+    wr.sge[0] = engine::Sge{dst.addr(), static_cast<std::uint32_t>(o.msg_size), *dst_key};
+    wr.remote_addr = src.addr();
+    wr.rkey = *src_key;
+  } else {
+    const auto src_key = a.Register(src, AccessFlags::kLocalWrite);
+    const auto dst_key = b.Register(dst, AccessFlags::kLocalWrite | AccessFlags::kRemoteWrite);
+    if (!src_key || !dst_key) return Failed("Register failed");
+    wr.opcode = SendOpcode::kRdmaWrite;
+    wr.sge[0] = engine::Sge{src.addr(), static_cast<std::uint32_t>(o.msg_size), *src_key};
+    wr.remote_addr = dst.addr();
+    wr.rkey = *dst_key;
+  }
 
   std::uint64_t posted = 0;     // WRs posted
   std::uint64_t completed = 0;  // WRs known complete (a signaled one retires all before it)
@@ -263,7 +278,7 @@ BwResult RunSiwxStream(const Options& o, const BwConfig& bc, std::uint32_t seed)
     const std::size_t got = a.send_cq->Poll(std::span<WorkCompletion>(wcs));
     for (std::size_t i = 0; i < got; ++i) {
       if (wcs[i].status != WcStatus::kSuccess) {
-        return Failed("Write " + std::to_string(wcs[i].wr_id) + " completed with " +
+        return Failed(std::string(bc.read ? "Read " : "Write ") + std::to_string(wcs[i].wr_id) + " completed with " +
                       std::string(engine::WcStatusName(wcs[i].status)) + "; " + pair.Describe());
       }
       completed = wcs[i].wr_id + 1;
@@ -285,20 +300,21 @@ BwResult RunSiwxStream(const Options& o, const BwConfig& bc, std::uint32_t seed)
       c0 = TakeCpuSnapshot();
       app0 = ThreadCpuSeconds();
       completed0 = completed;
-      tx0 = a.qp->Counters();
-      rx0 = b.qp->Counters();
+      tx0 = (bc.read ? b : a).qp->Counters();
+      rx0 = (bc.read ? a : b).qp->Counters();
     }
     if (now >= measure_to) {
       c1 = TakeCpuSnapshot();
       app1 = ThreadCpuSeconds();
       completed1 = completed;
-      tx1 = a.qp->Counters();
-      rx1 = b.qp->Counters();
+      tx1 = (bc.read ? b : a).qp->Counters();
+      rx1 = (bc.read ? a : b).qp->Counters();
       break;
     }
   }
 
-  // Fence: a signaled Write behind everything, so no WR reads `src` any more.
+  // Fence: a signaled WR behind everything, so no WR reads `src` (or, for
+  // Reads, writes `dst`) any more.
   wr.wr_id = posted++;
   wr.flags = engine::kSendSignaled;
   if (a.qp->PostSend(wr) != PostStatus::kOk) return Failed("fence PostSend failed");
@@ -307,27 +323,34 @@ BwResult RunSiwxStream(const Options& o, const BwConfig& bc, std::uint32_t seed)
     while (completed < posted) {
       const std::size_t got = a.send_cq->Poll(std::span<WorkCompletion>(wcs));
       for (std::size_t i = 0; i < got; ++i) {
-        if (wcs[i].status != WcStatus::kSuccess) return Failed("drain: a Write failed");
+        if (wcs[i].status != WcStatus::kSuccess) return Failed("drain: a WR failed");
         completed = wcs[i].wr_id + 1;
       }
       if (got == 0 && Clock::now() > deadline) return Failed("drain stalled; " + pair.Describe());
     }
   }
-  // The last pattern, then a Send behind it: once it is received, the Write
-  // before it is placed (RFC 5040 5.5).
   FillPattern(src, seed, 0xFF);
-  engine::ReceiveWorkRequest rwr;
-  rwr.wr_id = 1;
-  if (b.qp->PostRecv(rwr) != PostStatus::kOk) return Failed("PostRecv failed");
-  wr.wr_id = posted++;
-  if (a.qp->PostSend(wr) != PostStatus::kOk) return Failed("final Write post failed");
-  SendWorkRequest send;
-  send.wr_id = posted++;
-  send.opcode = SendOpcode::kSend;
-  send.flags = engine::kSendSignaled;
-  if (a.qp->PostSend(send) != PostStatus::kOk) return Failed("final Send post failed");
-  if (!AwaitCompletions(*a.send_cq, 2, &error)) return Failed("final: " + error);
-  if (!AwaitCompletions(*b.recv_cq, 1, &error)) return Failed("final receive: " + error);
+  if (bc.read) {
+    // No Read reads `src` any more: one more Read must bring the last pattern.
+    wr.wr_id = posted++;
+    if (a.qp->PostSend(wr) != PostStatus::kOk) return Failed("final Read post failed");
+    if (!AwaitCompletions(*a.send_cq, 1, &error)) return Failed("final: " + error);
+  } else {
+    // The last pattern, then a Send behind it: once it is received, the
+    // Write before it is placed (RFC 5040 5.5).
+    engine::ReceiveWorkRequest rwr;
+    rwr.wr_id = 1;
+    if (b.qp->PostRecv(rwr) != PostStatus::kOk) return Failed("PostRecv failed");
+    wr.wr_id = posted++;
+    if (a.qp->PostSend(wr) != PostStatus::kOk) return Failed("final Write post failed");
+    SendWorkRequest send;
+    send.wr_id = posted++;
+    send.opcode = SendOpcode::kSend;
+    send.flags = engine::kSendSignaled;
+    if (a.qp->PostSend(send) != PostStatus::kOk) return Failed("final Send post failed");
+    if (!AwaitCompletions(*a.send_cq, 2, &error)) return Failed("final: " + error);
+    if (!AwaitCompletions(*b.recv_cq, 1, &error)) return Failed("final receive: " + error);
+  }
   if (const auto bad = FirstMismatch(dst, seed, 0xFF)) {
     return Failed("DATA MISMATCH at octet " + std::to_string(*bad) + " of the target");
   }
@@ -340,7 +363,7 @@ BwResult RunSiwxStream(const Options& o, const BwConfig& bc, std::uint32_t seed)
   const CpuUse cpu = CpuBetween(*c0, c1);
   const double msgs = static_cast<double>(completed1 - completed0);
   const double bytes = msgs * static_cast<double>(o.msg_size);
-  if (msgs <= 0) return Failed("no Write completed in the window");
+  if (msgs <= 0) return Failed("no WR completed in the window");
   r.ok = true;
   r.gbps = bytes * 8 / cpu.wall_s / 1e9;
   r.cpu_s_per_gb = cpu.own_cpu_s / (bytes / 1e9);

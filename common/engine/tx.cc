@@ -22,21 +22,25 @@ constexpr std::size_t kMaxIov = 1024;
 constexpr std::size_t kBatchOctets = std::size_t{2} << 20;
 constexpr std::size_t kMinSlots = 16;
 constexpr std::size_t kMaxSlots = 64;
-// Slots an idle QP keeps (a ping-pong needs one), idle slots a thread keeps
-// for any QP it pumps, and the staging an idle QP's slot keeps (a Read
-// Response copy of up to a max ULPDU, 64 KiB on loopback). A streaming QP
+// Slots an idle QP keeps (a ping-pong needs one), and idle slots a thread
+// keeps for any QP it pumps. A streaming QP
 // goes idle after every batch, so the cache holds a full ring (kMaxSlots,
 // about 365 KiB per transmitting thread): with 16, ib_send_bw between two
 // namespaces fell from 1.07-1.14x to 0.77-0.81x iperf3, freeing and
 // allocating most of its slots for every 64 KiB message.
 constexpr std::size_t kKeptSlots = 1;
 constexpr std::size_t kCachedSlotsPerThread = kMaxSlots;
-constexpr std::size_t kKeptStagingOctets = 4096;
-// Read Response staging the thread's slot cache keeps (one batch). A
-// streaming responder goes idle after every batch; freeing the staging then
-// made every batch allocate and zero-fill it again, and the copy land in
-// memory no cache held (performance-notes 3.17).
-constexpr std::size_t kCachedStagingOctetsPerThread = kBatchOctets;
+// Read Response copies (CRC on) a QP frames ahead of sendmsg: a batch of
+// them is copied, then read by sendmsg, so it should fit in one core's L2
+// (2 MiB here) next to the source and the kernel's socket buffers. A whole
+// batch (kBatchOctets) made both the copy and sendmsg's read of it miss L2
+// (performance-notes 3.17); 256 KiB pieces cost about as much in extra
+// sendmsg calls (loopback delivery) as they saved (3.22).
+constexpr std::size_t kStagedOctetsUnsent = std::size_t{512} << 10;
+// Free staging buffers a thread keeps for the next copies (any QP's): one
+// QP's worth and as much again. Freeing them at every idle point made every
+// batch allocate (and zero-fill) them again (performance-notes 3.17).
+constexpr std::size_t kPooledStagingOctetsPerThread = 2 * kStagedOctetsUnsent;
 
 // The scatter list of one sendmsg. Write fills it and hands it to the kernel
 // before any callback can run, so one per thread serves every QP (16 KiB
@@ -93,6 +97,7 @@ void QpTx::Start(const StreamParams& params, std::size_t max_ulpdu) {
 void QpTx::Stop() {
   ReleaseRefs();
   slots_.reset();
+  staged_unsent_ = 0;
   slot_count_ = 0;
   allocated_slots_ = 0;
   first_ = 0;
@@ -160,6 +165,7 @@ void QpTx::Fill() {
       return;
     }
     if (cur_.kind != MessageKind::kNone) {
+      if (StagingFull()) return;  // sendmsg first, then copy into what it read
       if (!FrameSegment()) return;
       continue;
     }
@@ -295,7 +301,12 @@ std::vector<std::unique_ptr<QpTx::Slot>>& QpTx::SlotCache() {
   return cache;
 }
 
-std::size_t& QpTx::CachedStagingOctets() {
+std::vector<QpTx::StagingBuffer>& QpTx::StagingPool() {
+  thread_local std::vector<StagingBuffer> pool;
+  return pool;
+}
+
+std::size_t& QpTx::PooledStagingOctets() {
   thread_local std::size_t octets = 0;
   return octets;
 }
@@ -313,12 +324,8 @@ void QpTx::ReleaseIdleSlots() {
         continue;
       }
       slot->DropSources();
-      std::size_t& cached_staging = CachedStagingOctets();
-      if (cached_staging + slot->staging_capacity > kCachedStagingOctetsPerThread) {
-        slot->DropStaging();
-      }
+      ReturnStaging(*slot);
       if (cache.size() < kCachedSlotsPerThread) {
-        cached_staging += slot->staging_capacity;
         cache.push_back(std::move(slot));
       } else {
         slot.reset();
@@ -326,7 +333,7 @@ void QpTx::ReleaseIdleSlots() {
       --allocated_slots_;
     }
   }
-  if (slots_[0] && slots_[0]->staging_capacity > kKeptStagingOctets) slots_[0]->DropStaging();
+  if (slots_[0]) ReturnStaging(*slots_[0]);
 }
 
 QpTx::Slot& QpTx::NewSlot() {
@@ -338,12 +345,12 @@ QpTx::Slot& QpTx::NewSlot() {
     } else {
       entry = std::move(cache.back());
       cache.pop_back();
-      CachedStagingOctets() -= entry->staging_capacity;
     }
     ++allocated_slots_;
   }
   Slot& slot = *entry;
   slot.DropSources();
+  ReturnStaging(slot);  // from an FPDU dropped unsent
   slot.sent = 0;
   slot.role = Role::kSqSegment;
   slot.last = false;
@@ -578,11 +585,41 @@ void QpTx::FrameTerminate() {
 }
 
 std::uint8_t* QpTx::StagingFor(Slot& slot, std::size_t octets) {
-  if (slot.staging_capacity < octets) {
-    slot.staging = std::make_unique_for_overwrite<std::uint8_t[]>(octets);
-    slot.staging_capacity = octets;
+  ReturnStaging(slot);
+  std::vector<StagingBuffer>& pool = StagingPool();
+  if (!pool.empty()) {
+    slot.staging = std::move(pool.back());
+    pool.pop_back();
+    PooledStagingOctets() -= slot.staging.capacity;
   }
-  return slot.staging.get();
+  if (slot.staging.capacity < octets) {
+    // Every segment of a stream has the same room (max ULPDU less the
+    // tagged header), so this happens about once per thread and size.
+    const std::size_t capacity = std::max(octets, max_ulpdu_);
+    slot.staging.octets = std::make_unique_for_overwrite<std::uint8_t[]>(capacity);
+    slot.staging.capacity = capacity;
+  }
+  slot.staged_octets = octets;
+  staged_unsent_ += octets;
+  return slot.staging.octets.get();
+}
+
+void QpTx::ReturnStaging(Slot& slot) {
+  if (!slot.staging.octets) return;
+  staged_unsent_ -= std::min(staged_unsent_, slot.staged_octets);
+  slot.staged_octets = 0;
+  std::size_t& pooled = PooledStagingOctets();
+  if (pooled + slot.staging.capacity <= kPooledStagingOctetsPerThread) {
+    pooled += slot.staging.capacity;
+    StagingPool().push_back(std::move(slot.staging));
+  }
+  slot.staging = StagingBuffer{};
+}
+
+bool QpTx::StagingFull() const {
+  // Only with something in flight, so that a sendmsg is due to make room.
+  return params_.crc_enabled && cur_.kind == MessageKind::kResponse && in_flight_ > 0 &&
+         staged_unsent_ >= kStagedOctetsUnsent;
 }
 
 bool QpTx::AcquireRefs(Slot& slot, AccessStatus& failure) {
@@ -650,6 +687,7 @@ bool QpTx::Write(std::size_t& budget) {
       Slot& dropped = *slots_[(first_ + j) % slot_count_];
       for (std::size_t i = 0; i < dropped.source_count; ++i) dropped.refs[i].Release();
       dropped.refs_held = false;
+      ReturnStaging(dropped);
     }
     in_flight_ = k;
     ResetFramerAtSentPosition();
@@ -738,6 +776,7 @@ bool QpTx::Advance(std::size_t octets) {
     if (slot.sent < slot.frame.wire_length()) break;
     for (std::size_t i = 0; i < slot.source_count; ++i) slot.refs[i].Release();
     slot.refs_held = false;
+    ReturnStaging(slot);  // the kernel has the octets: the next copy goes here
     CounterAdd(qp_.counters().tx_fpdus, 1);
     if (slot.role == Role::kSqSegment && slot.last) {
       // A Send or Write completes once TCP has taken all of it (RFC 5040 5.5).

@@ -21,10 +21,15 @@
 //  - Read Response payload comes from memory no WR of ours owns: the
 //    application may change the source of an RDMA Read at any time (the
 //    reader then sees some mix of old and new octets, which verbs allows).
-//    So with CRC on it is copied into the slot's staging buffer and the CRC
+//    So with CRC on it is copied into a staging buffer and the CRC
 //    computed over the copy; without CRC nothing checks it and it is sent
 //    in place. (ISA-L has no fused copy + CRC32c: the framer copies 8 KiB,
-//    then runs the CRC over those 8 KiB while they are in L1.)
+//    then runs the CRC over those 8 KiB while they are in L1.) A QP frames
+//    at most kStagedOctetsUnsent of such copies ahead of sendmsg, and a
+//    slot gives its staging buffer back to the thread's pool as soon as
+//    sendmsg has taken the FPDU, so the next copy goes into a buffer the
+//    kernel has just read, still in L2, and sendmsg reads the copy from L2
+//    too, instead of both walking a ring of a whole batch (2 MiB).
 // Payload pieces still in registered memory are re-checked against the
 // STag table before every sendmsg that reads them and their RegionRefs are
 // dropped before the gate holder returns, so a Deregister never waits for
@@ -123,17 +128,23 @@ class QpTx {
     kTerminate,         // the Terminate: nothing may follow it
   };
 
+  // A buffer for a Read Response's payload copy. Not zero-filled: the copy
+  // overwrites every octet it sends.
+  struct StagingBuffer {
+    std::unique_ptr<std::uint8_t[]> octets;
+    std::size_t capacity = 0;
+  };
+
   // One framed FPDU in flight. The frame's slices point into `header` and at
   // registered memory, a WR's inline data or `staging`.
   struct Slot {
     mpa::FpduFrame frame;
     std::array<std::uint8_t, 80> header{};  // ULPDU header; a whole Terminate ULPDU fits
-    // A Read Response's payload, copied when CRC is on (see above); grows
-    // to the largest segment this slot carried, at most the max ULPDU. Not
-    // zero-filled (the copy overwrites what it uses), and kept while the
-    // slot waits in the thread's cache (see ReleaseIdleSlots).
-    std::unique_ptr<std::uint8_t[]> staging;
-    std::size_t staging_capacity = 0;
+    // A Read Response's payload, copied when CRC is on (see above): taken
+    // from the thread's staging pool when framed, given back when sendmsg
+    // has taken the whole FPDU or the FPDU is dropped (ReturnStaging).
+    StagingBuffer staging;
+    std::size_t staged_octets = 0;          // of staging, counted in staged_unsent_
     std::size_t sent = 0;                   // wire octets already written
     Role role = Role::kSqSegment;
     bool last = false;                      // final segment of its message
@@ -151,10 +162,6 @@ class QpTx {
       for (std::size_t i = 0; i < source_count; ++i) refs[i].Release();
       source_count = 0;
       refs_held = false;
-    }
-    void DropStaging() {
-      staging.reset();
-      staging_capacity = 0;
     }
   };
 
@@ -196,8 +203,11 @@ class QpTx {
   void ReleaseIdleSlots();
   // This thread's idle slots (any QP's), for NewSlot to reuse.
   static std::vector<std::unique_ptr<Slot>>& SlotCache();
-  // Read Response staging octets held by this thread's cached slots.
-  static std::size_t& CachedStagingOctets();
+  // This thread's free staging buffers (any QP's), most recently freed
+  // last: the next copy goes into the one most likely still cached.
+  static std::vector<StagingBuffer>& StagingPool();
+  // Octets of the buffers in this thread's StagingPool.
+  static std::size_t& PooledStagingOctets();
   // Frames the slot's FPDU; with `copy_to`, over a copy of the payload made
   // there (FpduFramer::FrameCopy).
   bool FrameInto(Slot& slot, std::size_t header_length, std::span<const ByteSpan> payload,
@@ -207,8 +217,15 @@ class QpTx {
   bool GatherPayload(Slot& slot, std::uint64_t offset, std::size_t length,
                      std::array<ByteSpan, kMaxSge>& pieces, std::size_t& piece_count,
                      AccessStatus& failure);
-  // The slot's staging buffer for a Read Response copy of `octets`.
-  static std::uint8_t* StagingFor(Slot& slot, std::size_t octets);
+  // A staging buffer for a Read Response copy of `octets`, held by `slot`
+  // until ReturnStaging.
+  std::uint8_t* StagingFor(Slot& slot, std::size_t octets);
+  // Gives the slot's staging buffer (if any) back to the thread's pool.
+  void ReturnStaging(Slot& slot);
+  // True while the QP has as many staged octets framed and not yet taken
+  // by sendmsg as it may (kStagedOctetsUnsent): the next Read Response
+  // segment waits for a sendmsg.
+  bool StagingFull() const;
   bool AcquireRefs(Slot& slot, AccessStatus& failure);
   // Appends the octets of `slot` not yet written to iov[count...], as far as
   // `iov` has room; returns how many octets it added.
@@ -247,6 +264,8 @@ class QpTx {
   std::size_t allocated_slots_ = 0;  // non-null entries of slots_
   std::size_t first_ = 0;   // oldest in-flight slot
   std::size_t in_flight_ = 0;
+  // Staged octets (Slot::staged_octets) of slots still holding a buffer.
+  std::size_t staged_unsent_ = 0;
   // The first region checked since the last ReleaseRefs (see the top).
   // Assigned only when empty, released only by ReleaseRefs, which also
   // marks every slot unchecked: a slot whose refs_held is true and which

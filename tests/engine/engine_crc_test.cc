@@ -6,7 +6,10 @@
 // changes the source of an RDMA Read while the Read Responses go out.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <atomic>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -209,6 +212,85 @@ TEST(EngineCrc, TwoEnginesWithCrcAndMarkersMoveDataBothWays) {
   EXPECT_TRUE(SameBytes(inbox.data(), msg.data(), msg.size()));
   EXPECT_FALSE(a.events.Has(AsyncEventType::kQpFatal));
   EXPECT_FALSE(b.events.Has(AsyncEventType::kQpFatal));
+}
+
+TEST(EngineCrc, ReadResponsesStagedPieceByPieceGoOutAsTheReferenceFramesThem) {
+  // With CRC on, the responder copies each Read Response segment into a
+  // staging buffer and sends at most a few hundred KiB of copies per
+  // sendmsg, reusing the buffers sendmsg has just read (tx.h). Two Reads of
+  // odd sizes and offsets, about 1.7 MB in 16 KiB FPDUs, so the buffers are
+  // reused several times: the stream must be, octet for octet, the Read
+  // Responses the reference model frames from the source (RFC 5040 4.4,
+  // 5.2; RFC 5044 4.1, 4.3, 4.4: CRC over the FPDU as sent, markers
+  // included). CRC off (sent in place) is the same stream with zero CRCs.
+  for (const bool crc : {true, false}) {
+    for (const bool markers : {false, true}) {
+      SCOPED_TRACE(std::string(crc ? "CRC" : "no CRC") + (markers ? ", markers" : ""));
+      Node node;
+      LinkOptions o;
+      o.crc = crc;
+      o.markers = markers;
+      o.max_ulpdu = 16384;
+      RawLink link(node, o);
+      Buffer source((1 << 20) + 16);
+      source.Fill(31);
+      const std::uint32_t rkey = source.Register(node.memory(), node.pd, kAllRemote);
+      struct Read {
+        std::uint32_t size;
+        std::uint64_t offset;
+        std::uint32_t sink_stag;
+        std::uint64_t sink_to;
+      };
+      const Read reads[] = {{(1 << 20) + 3, 0, 0x100, 0x7000}, {700001, 5, 0x200, 0x123457}};
+      const std::size_t room = o.max_ulpdu - rdmap::kDdpTaggedHeaderSize;
+      Bytes want;
+      std::size_t segments = 0;
+      std::uint32_t msn = 1;
+      for (const Read& r : reads) {
+        rdmap::ReadRequestBody body;
+        body.sink_stag = r.sink_stag;
+        body.sink_to = r.sink_to;
+        body.read_size = r.size;
+        body.source_stag = rkey;
+        body.source_to = source.addr() + r.offset;
+        link.peer->SendHeader(ReadRequestOf(msn++, body));
+        for (std::size_t done = 0; done < r.size; done += room) {
+          const std::size_t n = std::min<std::size_t>(room, r.size - done);
+          rdmap::DdpRdmapHeader h =
+              rdmap::MakeHeader(rdmap::Opcode::kRdmaReadResponse, done + n == r.size);
+          h.stag = r.sink_stag;
+          h.to = r.sink_to + done;
+          std::array<std::uint8_t, 128> buf{};
+          const rdmap::EncodeResult e = rdmap::EncodeDdpRdmapHeader(h, buf);
+          ASSERT_EQ(e.status, rdmap::EncodeStatus::kOk);
+          Bytes ulpdu(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(e.length));
+          const std::uint8_t* from = source.data() + r.offset + done;
+          ulpdu.insert(ulpdu.end(), from, from + n);
+          const Bytes fpdu =
+              markers ? mpa::reference::MarkedFpdu(ulpdu, crc,
+                                                   static_cast<std::uint32_t>(want.size() % 512))
+                      : mpa::reference::UnmarkedFpdu(ulpdu, crc);
+          want.insert(want.end(), fpdu.begin(), fpdu.end());
+          ++segments;
+        }
+      }
+      ASSERT_GT(want.size(), std::size_t{1500} * 1024);  // several times the staging cap
+      ASSERT_TRUE(link.peer->WaitSegments(segments));
+      EXPECT_EQ(link.peer->segments().size(), segments);
+      EXPECT_EQ(link.peer->parse_error(), mpa::MpaError::kNone);
+      const Bytes& got = link.peer->raw();
+      ASSERT_EQ(got.size(), want.size());
+      std::size_t first_difference = got.size();
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        if (got[i] != want[i]) {
+          first_difference = i;
+          break;
+        }
+      }
+      EXPECT_EQ(first_difference, got.size()) << "the stream differs from the reference there";
+      EXPECT_FALSE(node.events.Has(AsyncEventType::kQpFatal));
+    }
+  }
 }
 
 // The application's writes into the source of an RDMA Read: verbs lets it
