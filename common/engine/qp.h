@@ -316,6 +316,11 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   std::uint64_t tx_wakes_owned() const {
     return tx_wakes_owned_.load(std::memory_order_relaxed);
   }
+  // Posts and flushes that left their transmit to EPOLLOUT because the
+  // socket was known full (KickTxFromApplication; tests).
+  std::uint64_t tx_kicks_left_to_epollout() const {
+    return tx_kicks_left_to_epollout_.load(std::memory_order_relaxed);
+  }
   // Tests: hold the transmit gate as an application thread transmitting
   // inline does; kicks that arrive meanwhile pump at the release.
   void HoldTxGateForTest() { LockTxExclusive(); }
@@ -454,6 +459,9 @@ class Qp final : public std::enable_shared_from_this<Qp>,
 
   // ---- Transmit gate ----
   void KickTx() override;
+  // KickTx for a post or a poll's flush: leaves the pump to EPOLLOUT while
+  // the socket is known full and other streams wait too.
+  void KickTxFromApplication();
   void RunTx(std::uint32_t seen);
   void LockTxExclusive();  // progress thread only
   void UnlockTxExclusive();
@@ -629,6 +637,7 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   std::atomic<bool> tx_owed_timer_{false};
   std::atomic<std::uint64_t> coalesced_posts_{0};
   std::atomic<std::uint64_t> tx_wakes_owned_{0};
+  std::atomic<std::uint64_t> tx_kicks_left_to_epollout_{0};
   // Polling thread: true once no read has returned data for
   // kQuietBeforePollWait, as far as the polls can tell, or while the QP is
   // a sink: kSinkOctets came in since its last PostSend, or between its
