@@ -37,7 +37,9 @@
 //  - application threads: posts, Modify, Query, Bind, Disconnect, Destroy;
 //    and, when they can take it, the QP's transmit and receive work
 //    (run-to-completion, so a busy-polling application needs no second
-//    runnable thread): PostSend transmits inline, and polling either CQ
+//    runnable thread): PostSend transmits inline (unless the socket is
+//    known full while other streams of the engine wait too: then EPOLLOUT
+//    does, KickTxFromApplication), and polling either CQ
 //    empty gives the QP a receive turn (DriveFromPoll); a receive turn that
 //    owes Read Responses, or opened an ORD slot, transmits on its own
 //    thread too;

@@ -116,6 +116,14 @@ class UnsentLimitTest : public ::testing::Test {
     if (drain_.joinable()) drain_.join();
   }
 
+  // Two application threads transmit inline (a poll after every post, so no
+  // post waits for the next) on all the streams, whose peers read in bursts
+  // `pause` apart, while the progress thread pumps on EPOLLOUT: every Write
+  // completes exactly once and no stream is left waiting. Records how often
+  // EPOLLOUT found the transmit side owned and how many posts were left to
+  // EPOLLOUT.
+  void RunInlineTransmitters(std::chrono::microseconds pause);
+
   std::unique_ptr<Engine> engine_;
   PdId pd_ = kNoPd;
   std::unique_ptr<CompletionQueue> send_cq_;
@@ -313,6 +321,49 @@ struct WriteTally {
   std::atomic<bool> failed{false};
 };
 
+void UnsentLimitTest::RunInlineTransmitters(std::chrono::microseconds pause) {
+  ASSERT_EQ(qps_.size(), kStreams);
+  constexpr std::uint64_t kWritesPerStream = 400;
+  constexpr std::uint64_t kTotal = kStreams * kWritesPerStream;
+  WriteTally tally(kTotal);
+  drain_pause_ = pause;
+  StartDrain();
+  auto transmitter = [&](std::size_t first_stream) {
+    std::array<std::uint64_t, kStreams> posted{};
+    std::array<WorkCompletion, 16> batch;
+    const auto deadline = Clock::now() + kWait;
+    while (!tally.AllIn() && Clock::now() < deadline) {
+      for (std::size_t i = first_stream; i < kStreams; i += 2) {
+        if (posted[i] < kWritesPerStream) {
+          const PostStatus status = PostWrite(i, i * kWritesPerStream + posted[i]);
+          if (status == PostStatus::kOk) {
+            ++posted[i];
+          } else if (status != PostStatus::kQueueFull) {
+            tally.failed.store(true);
+          }
+        }
+        // A poll after every post: the next post transmits at once, inline.
+        const std::size_t got = send_cq_->Poll(batch);
+        tally.Take(std::span(batch).first(got));
+      }
+    }
+  };
+  std::thread first(transmitter, 0);
+  std::thread second(transmitter, 1);
+  first.join();
+  second.join();
+  tally.ExpectEachOnce();
+  EXPECT_TRUE(WaitUntil([&] { return engine_->tx_blocked_streams() == 0; }));
+  std::uint64_t owned = 0;
+  std::uint64_t left = 0;
+  for (const auto& qp : qps_) {
+    owned += qp->tx_wakes_owned();
+    left += qp->tx_kicks_left_to_epollout();
+  }
+  RecordProperty("epollout_while_owned", static_cast<int>(owned));
+  RecordProperty("kicks_left_to_epollout", static_cast<int>(left));
+}
+
 // Two application threads post and poll the one CQ of all the streams (as
 // perftest's -q does) while the progress thread transmits on EPOLLOUT and
 // the peers read in bursts, so sockets fill and drain over and over: every
@@ -356,6 +407,11 @@ TEST_F(UnsentLimitTest, PostersPollersAndTheProgressThreadRaceOnManyStreams) {
   RecordProperty("epollout_while_owned", static_cast<int>(owned));
 }
 
+// Two application threads transmit inline (a poll after every post, so no
+// post waits for the next) on all the streams, whose peers read in bursts
+// `pause` apart, while the progress thread pumps on EPOLLOUT: every Write
+// must complete exactly once and nothing may be left waiting. Records how
+// often each of the two races below happened.
 // The race of the change above: application threads transmit inline (a poll
 // between posts, so no post waits for the next) on streams whose peers read
 // in bursts, while the progress thread's EPOLLOUT wake-ups find the
@@ -363,46 +419,15 @@ TEST_F(UnsentLimitTest, PostersPollersAndTheProgressThreadRaceOnManyStreams) {
 // again. No wake-up may be lost (every Write completes, exactly once, and
 // nothing is left waiting), also under TSan.
 TEST_F(UnsentLimitTest, InlineTransmittersAndEpollOutWakeUpsRaceOverTheWriteInterest) {
-  ASSERT_EQ(qps_.size(), kStreams);
-  constexpr std::uint64_t kWritesPerStream = 400;
-  constexpr std::uint64_t kTotal = kStreams * kWritesPerStream;
-  WriteTally tally(kTotal);
-  drain_pause_ = std::chrono::microseconds(300);
-  StartDrain();
-  auto transmitter = [&](std::size_t first_stream) {
-    std::array<std::uint64_t, kStreams> posted{};
-    std::array<WorkCompletion, 16> batch;
-    const auto deadline = Clock::now() + kWait;
-    while (!tally.AllIn() && Clock::now() < deadline) {
-      for (std::size_t i = first_stream; i < kStreams; i += 2) {
-        if (posted[i] < kWritesPerStream) {
-          const PostStatus status = PostWrite(i, i * kWritesPerStream + posted[i]);
-          if (status == PostStatus::kOk) {
-            ++posted[i];
-          } else if (status != PostStatus::kQueueFull) {
-            tally.failed.store(true);
-          }
-        }
-        // A poll after every post: the next post transmits at once, inline.
-        const std::size_t got = send_cq_->Poll(batch);
-        tally.Take(std::span(batch).first(got));
-      }
-    }
-  };
-  std::thread first(transmitter, 0);
-  std::thread second(transmitter, 1);
-  first.join();
-  second.join();
-  tally.ExpectEachOnce();
-  EXPECT_TRUE(WaitUntil([&] { return engine_->tx_blocked_streams() == 0; }));
-  std::uint64_t owned = 0;
-  std::uint64_t left = 0;
-  for (const auto& qp : qps_) {
-    owned += qp->tx_wakes_owned();
-    left += qp->tx_kicks_left_to_epollout();
-  }
-  RecordProperty("epollout_while_owned", static_cast<int>(owned));
-  RecordProperty("kicks_left_to_epollout", static_cast<int>(left));
+  RunInlineTransmitters(std::chrono::microseconds(300));
+}
+
+// The same with longer pauses between the peers' reads, so that several
+// sockets stay full at once and posts are left to EPOLLOUT
+// (KickTxFromApplication) while the progress thread pumps those QPs and
+// takes their write interest off: no post may be stranded.
+TEST_F(UnsentLimitTest, PostsLeftToEpollOutRaceWithTheProgressThreadsPumps) {
+  RunInlineTransmitters(std::chrono::microseconds(3000));
 }
 
 }  // namespace
