@@ -355,11 +355,12 @@ void Qp::KickTxFromApplication() {
   if (tx_gate_.fetch_add(1, std::memory_order_acq_rel) != 0) return;  // the owner pumps again
   // The socket was found full and its write interest is armed, so EPOLLOUT
   // wakes the progress thread, which pumps what this post added, once the
-  // socket drains: a sendmsg now would only find it full again (93 % of an
-  // application thread's calls did under load with 64 QPs,
-  // performance-notes 3.19, 3.20). The interest comes off only in a gate
-  // holder's pump or in OnPollEvent followed by a kick, which the release
-  // below sees. Only while other streams wait too: a stream that waits
+  // socket drains: a sendmsg now would find it full again or take only a
+  // part (with 64 QPs mostly their 64 KiB unsent share), and the posting
+  // thread would be the sender of every stream (performance-notes 3.19,
+  // 3.20: with this, -q 64 moved more at less CPU). The interest comes off
+  // only in a gate holder's pump or in OnPollEvent followed by a kick,
+  // which the release below sees. Only while other streams wait too: a stream that waits
   // alone (one QP) keeps transmitting from the application thread.
   if (tx_blocked_.load(std::memory_order_relaxed) && engine_->tx_blocked_streams() > 1 &&
       !engine_->OnProgressThread()) {
