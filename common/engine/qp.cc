@@ -351,6 +351,28 @@ void Qp::KickTx() {
   RunTx(1);
 }
 
+void Qp::KickTxFromApplication() {
+  if (tx_gate_.fetch_add(1, std::memory_order_acq_rel) != 0) return;  // the owner pumps again
+  // The socket was found full and its write interest is armed, so EPOLLOUT
+  // wakes the progress thread, which pumps what this post added, once the
+  // socket drains: a sendmsg now would find it full again or take only a
+  // part (with 64 QPs mostly their 64 KiB unsent share), and the posting
+  // thread would be the sender of every stream (performance-notes 3.19,
+  // 3.20: with this, -q 64 moved more at less CPU). The interest comes off
+  // only in a gate holder's pump or in OnPollEvent followed by a kick,
+  // which the release below sees. Only while other streams wait too: a stream that waits
+  // alone (one QP) keeps transmitting from the application thread.
+  if (tx_blocked_.load(std::memory_order_relaxed) && engine_->tx_blocked_streams() > 1 &&
+      !engine_->OnProgressThread()) {
+    tx_kicks_left_to_epollout_.fetch_add(1, std::memory_order_relaxed);
+    const std::uint32_t left = tx_gate_.fetch_sub(1, std::memory_order_acq_rel) - 1;
+    if (left == 0) return;
+    RunTx(left);  // kicks that came meanwhile (an EPOLLOUT among them) pump
+    return;
+  }
+  RunTx(1);
+}
+
 void Qp::RunTx(std::uint32_t seen) {
   const Qp* outer = tls_tx_owner;
   tls_tx_owner = this;
@@ -518,7 +540,7 @@ PostStatus Qp::PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* p
                              std::chrono::steady_clock::now() + kTxCoalesceDelay);
     }
   } else if (count > 0) {
-    KickTx();
+    KickTxFromApplication();
   }
   return status;
 }
@@ -548,7 +570,7 @@ bool Qp::CoalesceTx(std::span<const SendWorkRequest> posted, bool answer) {
 }
 
 void Qp::FlushOwedTx() {
-  if (tx_owed_.exchange(false, std::memory_order_acq_rel)) KickTx();
+  if (tx_owed_.exchange(false, std::memory_order_acq_rel)) KickTxFromApplication();
 }
 
 Qp::SqEntry* Qp::StoreSendRecord(std::uint64_t seq, const SendWorkRequest& wr) {

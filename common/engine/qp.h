@@ -37,7 +37,9 @@
 //  - application threads: posts, Modify, Query, Bind, Disconnect, Destroy;
 //    and, when they can take it, the QP's transmit and receive work
 //    (run-to-completion, so a busy-polling application needs no second
-//    runnable thread): PostSend transmits inline, and polling either CQ
+//    runnable thread): PostSend transmits inline (unless the socket is
+//    known full while other streams of the engine wait too: then EPOLLOUT
+//    does, KickTxFromApplication), and polling either CQ
 //    empty gives the QP a receive turn (DriveFromPoll); a receive turn that
 //    owes Read Responses, or opened an ORD slot, transmits on its own
 //    thread too;
@@ -316,6 +318,11 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   std::uint64_t tx_wakes_owned() const {
     return tx_wakes_owned_.load(std::memory_order_relaxed);
   }
+  // Posts and flushes that left their transmit to EPOLLOUT because the
+  // socket was known full (KickTxFromApplication; tests).
+  std::uint64_t tx_kicks_left_to_epollout() const {
+    return tx_kicks_left_to_epollout_.load(std::memory_order_relaxed);
+  }
   // Tests: hold the transmit gate as an application thread transmitting
   // inline does; kicks that arrive meanwhile pump at the release.
   void HoldTxGateForTest() { LockTxExclusive(); }
@@ -454,6 +461,9 @@ class Qp final : public std::enable_shared_from_this<Qp>,
 
   // ---- Transmit gate ----
   void KickTx() override;
+  // KickTx for a post or a poll's flush: leaves the pump to EPOLLOUT while
+  // the socket is known full and other streams wait too.
+  void KickTxFromApplication();
   void RunTx(std::uint32_t seen);
   void LockTxExclusive();  // progress thread only
   void UnlockTxExclusive();
@@ -629,6 +639,7 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   std::atomic<bool> tx_owed_timer_{false};
   std::atomic<std::uint64_t> coalesced_posts_{0};
   std::atomic<std::uint64_t> tx_wakes_owned_{0};
+  std::atomic<std::uint64_t> tx_kicks_left_to_epollout_{0};
   // Polling thread: true once no read has returned data for
   // kQuietBeforePollWait, as far as the polls can tell, or while the QP is
   // a sink: kSinkOctets came in since its last PostSend, or between its
