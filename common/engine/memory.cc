@@ -1,9 +1,13 @@
 // SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 #include "common/engine/memory.h"
 
+#include <linux/membarrier.h>
 #include <sys/random.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cerrno>
 #include <chrono>
 #include <limits>
@@ -53,10 +57,11 @@ constexpr int kCountedTables = 4;
 
 }  // namespace
 
-// One thread's reader record: written by that thread (a ref released on
-// another thread decrements its word there too), read by Deregister and
-// checks(). Records are never freed; a thread that ends gives its record
-// to the next new thread.
+// One thread's reader record: written only by that thread (so with plain
+// loads and stores: a locked instruction would wait for the thread's
+// earlier stores, such as a copy into a buffer the other CPU reads), read
+// by Deregister and checks(). Records are never freed; a thread that ends
+// gives its record to the next new thread.
 struct alignas(64) ReaderRecord {
   std::atomic<std::uint64_t> hazards[kHazardWords] = {};
   struct CheckCount {
@@ -77,14 +82,12 @@ struct alignas(64) ReaderRecord {
       const std::uint64_t value = word.load(std::memory_order_relaxed);
       const std::uint64_t count = value & kHazardCountMask;
       if ((value & ~kHazardCountMask) == address && count < kHazardCountMask) {
-        // An RMW: a ref moved to another thread may be released there.
-        word.fetch_add(1, std::memory_order_relaxed);
+        word.store(value + 1, std::memory_order_relaxed);
         fresh = count == 0;
         return &word;
       }
       if (count == 0 && unused == nullptr) unused = &word;
     }
-    // A word with no refs is written by no other thread.
     if (unused != nullptr) {
       unused->store(address | 1, std::memory_order_relaxed);
       fresh = true;
@@ -113,6 +116,43 @@ namespace {
 std::atomic<ReaderRecord*> g_records{nullptr};
 std::atomic<std::uint64_t> g_next_table_id{1};
 thread_local ReaderRecord* t_record = nullptr;
+
+// The fence pair between a lookup (publishes its hazard word, then reads
+// the version) and Deregister (changes the version, then reads the hazard
+// words). With membarrier(2) the whole cost goes to Deregister: it makes
+// every running thread of the process pass a full barrier, so a lookup
+// needs only a compiler barrier. Without it (kernels before 4.14, or a
+// seccomp filter that refuses it), both sides use a full fence.
+bool RegisterAsymmetricFences() {
+  const long supported = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+  if (supported < 0 || (supported & MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0) return false;
+  return syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+}
+
+bool AsymmetricFences() {
+  static const bool registered = RegisterAsymmetricFences();
+  return registered;
+}
+
+void LightFence() {
+  if (AsymmetricFences()) {
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+  } else {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  }
+}
+
+void HeavyFence() {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (AsymmetricFences() &&
+      syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0) {
+    return;
+  }
+  // Registered, yet refused (never seen): a lookup's hazard word may still
+  // sit in its CPU's store buffer, which drains within microseconds; wait
+  // that out before the words are read.
+  if (AsymmetricFences()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
 thread_local bool t_record_returned = false;  // the thread is ending
 
 struct RecordReturner {
@@ -185,7 +225,10 @@ void RegionRef::Release() {
   // Release order: the holder's copies into the buffer happen before a
   // Deregister that observes the count reach zero.
   if (hazard_ != nullptr) {
-    hazard_->fetch_sub(1, std::memory_order_release);
+    // Only the taking thread writes its words (memory.h).
+    assert(t_record != nullptr && hazard_ >= t_record->hazards &&
+           hazard_ < t_record->hazards + kHazardWords);
+    hazard_->store(hazard_->load(std::memory_order_relaxed) - 1, std::memory_order_release);
   } else {
     region_->users_.fetch_sub(1, std::memory_order_release);
   }
@@ -201,6 +244,7 @@ MemoryTable::MemoryTable(Options options)
       key_source_(std::move(options.key_source)),
       index_source_(std::move(options.index_source)),
       id_(g_next_table_id.fetch_add(1, std::memory_order_relaxed)) {
+  AsymmetricFences();  // registers the process once, before any lookup
   current_ = std::make_unique<SlotArray>(kInitialSlots);
   slots_.store(current_.get(), std::memory_order_release);
 }
@@ -413,7 +457,7 @@ DeregisterStatus MemoryTable::Deregister(std::uint32_t stag) {
   // Pairs with the fence of a lookup between publishing its hazard word and
   // validating the version: either it sees the new version and lets go, or
   // this thread sees its word below.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  HeavyFence();
   const auto address = reinterpret_cast<std::uint64_t>(region);
   for (ReaderRecord* r = g_records.load(std::memory_order_acquire); r != nullptr; r = r->next) {
     for (std::atomic<std::uint64_t>& word : r->hazards) {
@@ -463,9 +507,10 @@ RegionRef MemoryTable::Pin(std::uint32_t stag, ReaderRecord& record) const {
     bool fresh = false;
     std::atomic<std::uint64_t>* hazard = record.Hold(region, fresh);
     if (hazard == nullptr) break;  // all words in use: the locked path
-    std::atomic_thread_fence(fresh ? std::memory_order_seq_cst : std::memory_order_acquire);
+    if (fresh) LightFence();
+    std::atomic_thread_fence(std::memory_order_acquire);  // the slot reads before the version
     if (version_.load(std::memory_order_relaxed) == before) return RegionRef(region, hazard);
-    hazard->fetch_sub(1, std::memory_order_release);
+    hazard->store(hazard->load(std::memory_order_relaxed) - 1, std::memory_order_release);
   }
   return PinLocked(stag);
 }

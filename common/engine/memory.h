@@ -61,11 +61,14 @@
 //  - A successful check returns a RegionRef, which counts as a user of the
 //    region's memory. The count lives in a hazard word of the checking
 //    thread's own reader record (region address | count, 8 words, one
-//    cache line, written only by that thread while it has refs to take):
-//    the word is published before the version is validated (a full fence on
-//    both sides), so either Deregister sees the word or the lookup sees the
-//    region gone. A thread holding 8 distinct regions at once takes the
-//    ninth under `writer_mutex_` and counts it in the region's `users_`.
+//    cache line, written only by that thread, with plain stores): the word
+//    is published before the version is validated, and Deregister reads
+//    the words after changing the version, with a fence between on both
+//    sides (membarrier(2) on Deregister's side and a compiler barrier on
+//    the lookup's where the kernel offers it), so either Deregister sees
+//    the word or the lookup sees the region gone. A thread holding 8
+//    distinct regions at once takes the ninth under `writer_mutex_` and
+//    counts it in the region's `users_`.
 // Deregister unpublishes the STag under the writer lock and clears the
 // region's validity flag, so no new check can succeed, and then waits
 // (outside the lock, polling with a growing sleep) until no hazard word
@@ -74,8 +77,10 @@
 // application may free it. Hence the contract for RegionRef holders: hold
 // one only while copying bytes of the region (one DDP segment or less, or
 // one transmit turn), never across waiting for the network, and never call
-// Deregister on a thread that holds a RegionRef of the same region. A
-// RegionRef may be released on another thread than the one that took it.
+// Deregister on a thread that holds a RegionRef of the same region; and
+// release a RegionRef on the thread that took it (the engine's transmit
+// and receive turns release every ref before they return; debug builds
+// assert it).
 //
 // The table does not pin or translate memory: host addresses are the
 // process's own virtual addresses, which is what a userspace device needs.

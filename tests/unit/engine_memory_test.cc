@@ -574,21 +574,25 @@ TEST(Concurrency, LookupsRaceWithDeregistration) {
 
 // A check writes only its own thread's reader record (memory.h), so the
 // refs of every thread must each hold Deregister back: two threads hold a
-// ref of the same region, each taken on its own thread, one of them
-// released on a third thread (a ref may move).
+// ref of the same region at once, each taken and released on its own
+// thread.
 TEST(Deregister, WaitsForRefsOfEveryThread) {
   MemoryTable table(Opts({0x01}));
   std::vector<std::uint8_t> buf(8);
   const PdId pd = table.AllocatePd();
   const std::uint32_t stag = table.Register(pd, 0, 8, Addr(buf), kRw).stag;
-  RegionRef first;
-  RegionRef second;
-  std::thread([&] { first = table.Check(stag, pd, AccessKind::kRemoteWrite, 0, 8).region; })
-      .join();
-  std::thread([&] { second = table.Check(stag, pd, AccessKind::kLocalWrite, 0, 8).region; })
-      .join();
-  ASSERT_TRUE(first);
-  ASSERT_TRUE(second);
+  std::atomic<int> holding{0};
+  std::atomic<int> release{0};  // how many holders may let go
+  auto holder = [&](int rank, AccessKind kind) {
+    RegionRef ref = table.Check(stag, pd, kind, 0, 8).region;
+    EXPECT_TRUE(ref);
+    holding.fetch_add(1);
+    while (release.load() < rank) std::this_thread::yield();
+    ref.Release();
+  };
+  std::thread first(holder, 1, AccessKind::kRemoteWrite);
+  std::thread second(holder, 2, AccessKind::kLocalWrite);
+  while (holding.load() < 2) std::this_thread::yield();
 
   std::atomic<bool> returned{false};
   std::thread app([&] {
@@ -596,10 +600,12 @@ TEST(Deregister, WaitsForRefsOfEveryThread) {
     returned.store(true);
   });
   while (table.Check(stag, pd, AccessKind::kRemoteWrite, 0, 8).ok()) std::this_thread::yield();
-  std::thread([&] { first.Release(); }).join();  // released elsewhere than taken
+  release.store(1);
+  first.join();
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  EXPECT_FALSE(returned.load());  // `second` still holds it
-  second.Release();
+  EXPECT_FALSE(returned.load());  // the second thread still holds it
+  release.store(2);
+  second.join();
   app.join();
   EXPECT_TRUE(returned.load());
 }
