@@ -69,8 +69,10 @@
 //    the word or the lookup sees the region gone. A thread holding 8
 //    distinct regions at once takes the ninth under `writer_mutex_` and
 //    counts it in the region's `users_`.
-// Deregister unpublishes the STag under the writer lock and clears the
-// region's validity flag, so no new check can succeed, and then waits
+// Deregister unpublishes the STag under the writer lock and marks the
+// region deregistered (holders that re-check see it invalid; a check that
+// found it a moment before fails with kInvalidStag), so no new check can
+// succeed, and then waits
 // (outside the lock, polling with a growing sleep) until no hazard word
 // and no `users_` count names the region; then it frees the record. When
 // it returns, no engine thread touches the buffer any more and the
