@@ -1,12 +1,18 @@
 // SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 #include "common/engine/memory.h"
 
+#include <linux/membarrier.h>
 #include <sys/random.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cerrno>
+#include <chrono>
 #include <limits>
 #include <mutex>
+#include <thread>
 #include <utility>
 
 namespace siwx::engine {
@@ -38,31 +44,196 @@ bool FillRandom(std::uint8_t* out, std::size_t size) {
   return true;
 }
 
+// Lookups that saw a writer before they give up and take the writer lock
+// (so a stream of registrations cannot starve them).
+constexpr int kOptimisticLookups = 16;
+
+// Hazard words: the address of a region (aligned to 64) with the number of
+// refs the word counts in the low six bits.
+constexpr std::uint64_t kHazardCountMask = 63;
+constexpr int kHazardWords = 8;  // one cache line
+// Tables whose checks a record counts (checks()).
+constexpr int kCountedTables = 4;
+
 }  // namespace
 
-RegionRef::RegionRef(std::shared_ptr<MemoryRegion> region) : region_(std::move(region)) {
-  // Called under MemoryTable::mutex_ (shared), so Deregister, which unpublishes
-  // under the exclusive lock, sees this count before it starts waiting.
-  region_->users_.fetch_add(1, std::memory_order_relaxed);
+// One thread's reader record: written only by that thread (so with plain
+// loads and stores: a locked instruction would wait for the thread's
+// earlier stores, such as a copy into a buffer the other CPU reads), read
+// by Deregister and checks(). Records are never freed; a thread that ends
+// gives its record to the next new thread.
+struct alignas(64) ReaderRecord {
+  std::atomic<std::uint64_t> hazards[kHazardWords] = {};
+  struct CheckCount {
+    std::atomic<std::uint64_t> table{0};  // MemoryTable::id_, 0: unused
+    std::atomic<std::uint64_t> count{0};
+  };
+  alignas(64) CheckCount counts[kCountedTables];
+  alignas(64) std::atomic<bool> in_use{false};
+  ReaderRecord* next = nullptr;  // immutable once the record is listed
+
+  // A hazard word now counting one more ref of `region`, or null if all
+  // words count other regions. `fresh` is set if the word counted no ref
+  // of it before (the caller must then fence before validating).
+  std::atomic<std::uint64_t>* Hold(const MemoryRegion* region, bool& fresh) {
+    const auto address = reinterpret_cast<std::uint64_t>(region);
+    std::atomic<std::uint64_t>* unused = nullptr;
+    for (std::atomic<std::uint64_t>& word : hazards) {
+      const std::uint64_t value = word.load(std::memory_order_relaxed);
+      const std::uint64_t count = value & kHazardCountMask;
+      if ((value & ~kHazardCountMask) == address && count < kHazardCountMask) {
+        word.store(value + 1, std::memory_order_relaxed);
+        fresh = count == 0;
+        return &word;
+      }
+      if (count == 0 && unused == nullptr) unused = &word;
+    }
+    if (unused != nullptr) {
+      unused->store(address | 1, std::memory_order_relaxed);
+      fresh = true;
+    }
+    return unused;
+  }
+
+  void CountCheck(std::uint64_t table) {
+    CheckCount* oldest = &counts[0];
+    for (CheckCount& c : counts) {
+      const std::uint64_t id = c.table.load(std::memory_order_relaxed);
+      if (id == table) {
+        c.count.store(c.count.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+        return;
+      }
+      if (id < oldest->table.load(std::memory_order_relaxed)) oldest = &c;
+    }
+    // Table ids grow: the smallest is the oldest table, most likely gone.
+    oldest->table.store(table, std::memory_order_relaxed);
+    oldest->count.store(1, std::memory_order_relaxed);
+  }
+};
+
+namespace {
+
+std::atomic<ReaderRecord*> g_records{nullptr};
+std::atomic<std::uint64_t> g_next_table_id{1};
+thread_local ReaderRecord* t_record = nullptr;
+
+// The fence pair between a lookup (publishes its hazard word, then reads
+// the version) and Deregister (changes the version, then reads the hazard
+// words). With membarrier(2) the whole cost goes to Deregister: it makes
+// every running thread of the process pass a full barrier, so a lookup
+// needs only a compiler barrier. Without it (kernels before 4.14, or a
+// seccomp filter that refuses it), both sides use a full fence.
+bool RegisterAsymmetricFences() {
+  const long supported = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+  if (supported < 0 || (supported & MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0) return false;
+  return syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
 }
+
+bool AsymmetricFences() {
+  static const bool registered = RegisterAsymmetricFences();
+  return registered;
+}
+
+void LightFence() {
+  if (AsymmetricFences()) {
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+  } else {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  }
+}
+
+void HeavyFence() {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (AsymmetricFences() &&
+      syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0) {
+    return;
+  }
+  // Registered, yet refused (never seen): a lookup's hazard word may still
+  // sit in its CPU's store buffer, which drains within microseconds; wait
+  // that out before the words are read.
+  if (AsymmetricFences()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+thread_local bool t_record_returned = false;  // the thread is ending
+
+struct RecordReturner {
+  ~RecordReturner() {
+    if (t_record == nullptr) return;
+    t_record->in_use.store(false, std::memory_order_release);
+    t_record = nullptr;
+    t_record_returned = true;
+  }
+};
+
+ReaderRecord& AcquireRecord() {
+  for (ReaderRecord* r = g_records.load(std::memory_order_acquire); r != nullptr; r = r->next) {
+    bool expected = false;
+    if (!r->in_use.load(std::memory_order_relaxed) &&
+        r->in_use.compare_exchange_strong(expected, true, std::memory_order_acq_rel)) {
+      t_record = r;
+      break;
+    }
+  }
+  if (t_record == nullptr) {
+    auto* r = new ReaderRecord;
+    r->in_use.store(true, std::memory_order_relaxed);
+    r->next = g_records.load(std::memory_order_relaxed);
+    while (!g_records.compare_exchange_weak(r->next, r, std::memory_order_acq_rel)) {
+    }
+    t_record = r;
+  }
+  // A check from a thread_local destructor after ours ran keeps its record.
+  if (!t_record_returned) {
+    thread_local RecordReturner returner;
+    (void)returner;
+  }
+  return *t_record;
+}
+
+ReaderRecord& ThisThreadRecord() {
+  ReaderRecord* record = t_record;
+  return record != nullptr ? *record : AcquireRecord();
+}
+
+// Deregister's wait for holders, who hold a region for one copy (memory.h):
+// yield first, then sleep, growing to a millisecond.
+template <typename Done>
+void WaitUntil(Done done) {
+  for (int spin = 0; spin < 64; ++spin) {
+    if (done()) return;
+    std::this_thread::yield();
+  }
+  auto pause = std::chrono::microseconds(20);
+  while (!done()) {
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+  }
+}
+
+}  // namespace
 
 RegionRef& RegionRef::operator=(RegionRef&& other) noexcept {
   if (this != &other) {
     Release();
-    region_ = std::move(other.region_);
+    region_ = std::exchange(other.region_, nullptr);
+    hazard_ = std::exchange(other.hazard_, nullptr);
   }
   return *this;
 }
 
 void RegionRef::Release() {
-  if (!region_) return;
+  if (region_ == nullptr) return;
   // Release order: the holder's copies into the buffer happen before a
   // Deregister that observes the count reach zero.
-  if (region_->users_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-    region_->users_.notify_all();
+  if (hazard_ != nullptr) {
+    // Only the taking thread writes its words (memory.h).
+    assert(t_record != nullptr && hazard_ >= t_record->hazards &&
+           hazard_ < t_record->hazards + kHazardWords);
+    hazard_->store(hazard_->load(std::memory_order_relaxed) - 1, std::memory_order_release);
+  } else {
+    region_->users_.fetch_sub(1, std::memory_order_release);
   }
-  // The shared_ptr keeps the atomic alive until after notify_all returned.
-  region_.reset();
+  region_ = nullptr;
+  hazard_ = nullptr;
 }
 
 MemoryTable::MemoryTable() : MemoryTable(Options{}) {}
@@ -71,14 +242,30 @@ MemoryTable::MemoryTable(Options options)
     : reuse_delay_(std::min(options.reuse_delay, kMaxReuseDelay)),
       max_regions_(std::clamp<std::uint32_t>(options.max_regions, 1, kMaxStagIndex / 4)),
       key_source_(std::move(options.key_source)),
-      index_source_(std::move(options.index_source)) {
-  slots_.resize(kInitialSlots);
+      index_source_(std::move(options.index_source)),
+      id_(g_next_table_id.fetch_add(1, std::memory_order_relaxed)) {
+  AsymmetricFences();  // registers the process once, before any lookup
+  current_ = std::make_unique<SlotArray>(kInitialSlots);
+  slots_.store(current_.get(), std::memory_order_release);
 }
 
-MemoryTable::~MemoryTable() = default;
+MemoryTable::~MemoryTable() {
+  for (std::size_t i = 0; i < current_->size(); ++i) {
+    delete current_->slots[i].region.load(std::memory_order_relaxed);
+  }
+}
+
+void MemoryTable::BeginWriteLocked() {
+  version_.store(version_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+}
+
+void MemoryTable::EndWriteLocked() {
+  version_.store(version_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+}
 
 PdId MemoryTable::AllocatePd() {
-  std::unique_lock lock(mutex_);
+  std::lock_guard lock(writer_mutex_);
   if (next_pd_ == kNoPd) return kNoPd;  // the counter wrapped: ids are not reused
   const PdId pd = next_pd_++;
   pd_regions_.emplace(pd, 0);
@@ -86,7 +273,7 @@ PdId MemoryTable::AllocatePd() {
 }
 
 PdStatus MemoryTable::DeallocatePd(PdId pd) {
-  std::unique_lock lock(mutex_);
+  std::lock_guard lock(writer_mutex_);
   const auto it = pd_regions_.find(pd);
   if (it == pd_regions_.end()) return PdStatus::kInvalidPd;
   if (it->second != 0) return PdStatus::kBusy;
@@ -126,7 +313,10 @@ std::optional<std::uint32_t> MemoryTable::NextIndex() {
       value = std::uint32_t{bytes[0]} << 16 | std::uint32_t{bytes[1]} << 8 | bytes[2];
     }
     const std::uint32_t index = value & kMaxStagIndex;
-    if (index == 0 || slots_[ProbeLocked(index)].index == index) continue;
+    if (index == 0 ||
+        current_->slots[ProbeLocked(index)].index.load(std::memory_order_relaxed) == index) {
+      continue;
+    }
     if (std::find(recently_freed_.begin(), recently_freed_.end(), index) !=
         recently_freed_.end()) {
       continue;
@@ -151,12 +341,10 @@ RegisterResult MemoryTable::Register(PdId pd, std::uint64_t iova, std::uint64_t 
   const bool zero_based = HasAll(access, AccessFlags::kZeroBased);
   if (!zero_based && length - 1 > kU64Max - iova) return {RegisterStatus::kInvalidLength, 0};
 
-  std::unique_lock lock(mutex_);
+  std::lock_guard lock(writer_mutex_);
   const auto pd_it = pd_regions_.find(pd);
   if (pd_it == pd_regions_.end()) return {RegisterStatus::kInvalidPd, 0};
   if (region_count_ >= max_regions_) return {RegisterStatus::kNoResources, 0};
-  if (2 * (region_count_ + 1) > slots_.size()) GrowLocked();
-
   const std::optional<std::uint32_t> index = NextIndex();
   if (!index) return {RegisterStatus::kNoRandomness, 0};
   if (*index == 0) return {RegisterStatus::kNoResources, 0};
@@ -164,65 +352,98 @@ RegisterResult MemoryTable::Register(PdId pd, std::uint64_t iova, std::uint64_t 
   if (!key) return {RegisterStatus::kNoRandomness, 0};
 
   const std::uint32_t stag = MakeStag(*index, *key);
-  Slot& slot = slots_[ProbeLocked(*index)];
-  slot.index = *index;
-  slot.region = std::make_shared<MemoryRegion>(stag, pd, access, iova, length, host_address);
+  auto* region = new MemoryRegion(stag, pd, access, iova, length, host_address);
+  BeginWriteLocked();
+  if (2 * (region_count_ + 1) > current_->size()) GrowLocked();
+  Slot& slot = current_->slots[ProbeLocked(*index)];
+  slot.region.store(region, std::memory_order_release);  // the record before its STag
+  slot.stag.store(stag, std::memory_order_relaxed);
+  slot.index.store(*index, std::memory_order_relaxed);
+  EndWriteLocked();
   ++pd_it->second;
   ++region_count_;
   return {RegisterStatus::kOk, stag};
 }
 
 std::size_t MemoryTable::ProbeLocked(std::uint32_t index) const {
-  const std::size_t mask = slots_.size() - 1;
+  const std::size_t mask = current_->mask;
   std::size_t position = index & mask;
   // Terminates: at most half the slots are used.
-  while (slots_[position].index != 0 && slots_[position].index != index) {
+  for (;;) {
+    const std::uint32_t at = current_->slots[position].index.load(std::memory_order_relaxed);
+    if (at == 0 || at == index) return position;
     position = (position + 1) & mask;
   }
-  return position;
 }
 
-std::shared_ptr<MemoryRegion> MemoryTable::FindLocked(std::uint32_t stag) const {
+MemoryRegion* MemoryTable::FindLocked(std::uint32_t stag) const {
   const std::uint32_t index = StagIndex(stag);
   if (index == 0) return nullptr;
-  const Slot& slot = slots_[ProbeLocked(index)];
-  if (slot.index != index || slot.region->stag_ != stag) return nullptr;
-  return slot.region;
+  const Slot& slot = current_->slots[ProbeLocked(index)];
+  if (slot.index.load(std::memory_order_relaxed) != index ||
+      slot.stag.load(std::memory_order_relaxed) != stag) {
+    return nullptr;
+  }
+  return slot.region.load(std::memory_order_relaxed);
 }
 
 void MemoryTable::EraseLocked(std::size_t position) {
   // Linear probing without tombstones: move later entries of the probe run
   // back into the hole unless their home position lies after it.
-  const std::size_t mask = slots_.size() - 1;
-  slots_[position] = Slot{};
-  for (std::size_t next = (position + 1) & mask; slots_[next].index != 0;
-       next = (next + 1) & mask) {
-    const std::size_t home = slots_[next].index & mask;
+  Slot* slots = current_->slots.get();
+  const std::size_t mask = current_->mask;
+  auto clear = [&](std::size_t at) {
+    slots[at].index.store(0, std::memory_order_relaxed);
+    slots[at].stag.store(0, std::memory_order_relaxed);
+    slots[at].region.store(nullptr, std::memory_order_relaxed);
+  };
+  clear(position);
+  for (std::size_t next = (position + 1) & mask;
+       slots[next].index.load(std::memory_order_relaxed) != 0; next = (next + 1) & mask) {
+    const std::size_t home = slots[next].index.load(std::memory_order_relaxed) & mask;
     const bool stays = position <= next ? (position < home && home <= next)
                                         : (position < home || home <= next);
     if (stays) continue;
-    slots_[position] = std::move(slots_[next]);
-    slots_[next] = Slot{};
+    slots[position].region.store(slots[next].region.load(std::memory_order_relaxed),
+                                 std::memory_order_relaxed);
+    slots[position].stag.store(slots[next].stag.load(std::memory_order_relaxed),
+                               std::memory_order_relaxed);
+    slots[position].index.store(slots[next].index.load(std::memory_order_relaxed),
+                                std::memory_order_relaxed);
+    clear(next);
     position = next;
   }
 }
 
 void MemoryTable::GrowLocked() {
-  std::vector<Slot> old(slots_.size() * 2);
-  old.swap(slots_);
-  for (Slot& slot : old) {
-    if (slot.index != 0) slots_[ProbeLocked(slot.index)] = std::move(slot);
+  auto grown = std::make_unique<SlotArray>(current_->size() * 2);
+  std::swap(grown, current_);
+  for (std::size_t i = 0; i < grown->size(); ++i) {
+    const Slot& old = grown->slots[i];
+    const std::uint32_t index = old.index.load(std::memory_order_relaxed);
+    if (index == 0) continue;
+    Slot& slot = current_->slots[ProbeLocked(index)];
+    slot.region.store(old.region.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    slot.stag.store(old.stag.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    slot.index.store(index, std::memory_order_relaxed);
   }
+  slots_.store(current_.get(), std::memory_order_release);
+  // A lookup may still be reading the old array (it will see the version
+  // change and start again): kept until the table goes, at most as large
+  // as the current one in all.
+  retired_.push_back(std::move(grown));
 }
 
 DeregisterStatus MemoryTable::Deregister(std::uint32_t stag) {
-  std::shared_ptr<MemoryRegion> region;
+  MemoryRegion* region = nullptr;
   {
-    std::unique_lock lock(mutex_);
+    std::lock_guard lock(writer_mutex_);
     region = FindLocked(stag);
-    if (!region) return DeregisterStatus::kInvalidStag;
+    if (region == nullptr) return DeregisterStatus::kInvalidStag;
     const std::uint32_t index = StagIndex(stag);
+    BeginWriteLocked();
     EraseLocked(ProbeLocked(index));
+    EndWriteLocked();
     if (reuse_delay_ > 0) {
       if (recently_freed_.size() == reuse_delay_) recently_freed_.pop_front();
       recently_freed_.push_back(index);
@@ -231,14 +452,77 @@ DeregisterStatus MemoryTable::Deregister(std::uint32_t stag) {
     if (pd_it != pd_regions_.end() && pd_it->second > 0) --pd_it->second;
     --region_count_;
     // Holders that re-check validity between segments stop early.
-    region->valid_.store(false, std::memory_order_release);
+    region->state_.store(MemoryRegion::State::kDeregistered, std::memory_order_release);
   }
-  // No new RegionRef can appear now; wait for the ones taken before.
-  for (std::uint32_t users = region->users_.load(std::memory_order_acquire); users != 0;
-       users = region->users_.load(std::memory_order_acquire)) {
-    region->users_.wait(users, std::memory_order_acquire);
+  // Pairs with the fence of a lookup between publishing its hazard word and
+  // validating the version: either it sees the new version and lets go, or
+  // this thread sees its word below.
+  HeavyFence();
+  const auto address = reinterpret_cast<std::uint64_t>(region);
+  for (ReaderRecord* r = g_records.load(std::memory_order_acquire); r != nullptr; r = r->next) {
+    for (std::atomic<std::uint64_t>& word : r->hazards) {
+      WaitUntil([&] {
+        const std::uint64_t value = word.load(std::memory_order_acquire);
+        return (value & ~kHazardCountMask) != address || (value & kHazardCountMask) == 0;
+      });
+    }
   }
+  WaitUntil([&] { return region->users_.load(std::memory_order_acquire) == 0; });
+  delete region;
   return DeregisterStatus::kOk;
+}
+
+RegionRef MemoryTable::Pin(std::uint32_t stag, ReaderRecord& record) const {
+  const std::uint32_t index = StagIndex(stag);
+  if (index == 0) return {};
+  for (int attempt = 0; attempt < kOptimisticLookups; ++attempt) {
+    const std::uint64_t before = version_.load(std::memory_order_acquire);
+    if ((before & 1) != 0) {
+      std::this_thread::yield();  // a writer is changing slots
+      continue;
+    }
+    const SlotArray& array = *slots_.load(std::memory_order_acquire);
+    MemoryRegion* region = nullptr;
+    std::size_t position = index & array.mask;
+    // At most every slot: a torn read must not loop for ever.
+    for (std::size_t probes = 0; probes <= array.mask; ++probes) {
+      const Slot& slot = array.slots[position];
+      const std::uint32_t at = slot.index.load(std::memory_order_relaxed);
+      if (at == 0) break;
+      if (at == index) {
+        if (slot.stag.load(std::memory_order_relaxed) == stag) {
+          region = slot.region.load(std::memory_order_acquire);
+        }
+        break;
+      }
+      position = (position + 1) & array.mask;
+    }
+    if (region == nullptr) {
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if (version_.load(std::memory_order_relaxed) == before) return {};
+      continue;
+    }
+    // Nothing of the region is read before the version says it was
+    // published while the hazard word counted it (memory.h).
+    bool fresh = false;
+    std::atomic<std::uint64_t>* hazard = record.Hold(region, fresh);
+    if (hazard == nullptr) break;  // all words in use: the locked path
+    if (fresh) LightFence();
+    std::atomic_thread_fence(std::memory_order_acquire);  // the slot reads before the version
+    if (version_.load(std::memory_order_relaxed) == before) return RegionRef(region, hazard);
+    hazard->store(hazard->load(std::memory_order_relaxed) - 1, std::memory_order_release);
+  }
+  return PinLocked(stag);
+}
+
+RegionRef MemoryTable::PinLocked(std::uint32_t stag) const {
+  std::lock_guard lock(writer_mutex_);
+  MemoryRegion* region = FindLocked(stag);
+  if (region == nullptr) return {};
+  // Under the writer lock: Deregister, which unpublishes under it, sees
+  // this count before it starts waiting.
+  region->users_.fetch_add(1, std::memory_order_relaxed);
+  return RegionRef(region, nullptr);
 }
 
 AccessCheckResult MemoryTable::Check(std::uint32_t stag, PdId qp_pd, AccessKind kind,
@@ -249,14 +533,19 @@ AccessCheckResult MemoryTable::Check(std::uint32_t stag, PdId qp_pd, AccessKind 
     result.status = AccessStatus::kOk;
     return result;
   }
-  checks_.fetch_add(1, std::memory_order_relaxed);
-  std::shared_lock lock(mutex_);
-  std::shared_ptr<MemoryRegion> region = FindLocked(stag);
-  if (!region) {
+  ReaderRecord& record = ThisThreadRecord();
+  record.CountCheck(id_);
+  RegionRef pinned = Pin(stag, record);
+  const MemoryRegion* region = pinned.get();
+  // A region Deregister unpublished after this lookup found it is gone too.
+  const MemoryRegion::State state =
+      region != nullptr ? region->state_.load(std::memory_order_acquire)
+                        : MemoryRegion::State::kDeregistered;
+  if (state == MemoryRegion::State::kDeregistered) {
     result.status = AccessStatus::kInvalidStag;
   } else if (region->pd_ != qp_pd) {
     result.status = AccessStatus::kPdMismatch;
-  } else if (!region->valid_.load(std::memory_order_acquire)) {
+  } else if (state == MemoryRegion::State::kInvalidated) {
     result.status = AccessStatus::kInvalidated;
   } else if (!HasAll(region->access_, RequiredFlags(kind))) {
     result.status = AccessStatus::kAccessViolation;
@@ -267,20 +556,22 @@ AccessCheckResult MemoryTable::Check(std::uint32_t stag, PdId qp_pd, AccessKind 
     result.status = AccessStatus::kBaseOrBounds;
   } else {
     result.status = AccessStatus::kOk;
-    result.region = RegionRef(std::move(region));  // counted while the lock is held
+    result.region = std::move(pinned);
   }
   return result;
 }
 
 InvalidateStatus MemoryTable::Invalidate(std::uint32_t stag, PdId qp_pd, bool remote) {
-  // Invalidation changes no slot, only the region's own atomic flag.
-  std::shared_lock lock(mutex_);
-  const std::shared_ptr<MemoryRegion> region = FindLocked(stag);
-  if (!region) return InvalidateStatus::kInvalidStag;
+  // Invalidation changes no slot, only the region's own atomic flag; the
+  // writer lock keeps Deregister from freeing the record meanwhile.
+  std::lock_guard lock(writer_mutex_);
+  MemoryRegion* const region = FindLocked(stag);
+  if (region == nullptr) return InvalidateStatus::kInvalidStag;
   if (region->pd_ != qp_pd) return InvalidateStatus::kPdMismatch;
   // Every region here is a memory region shared by the PD's streams.
   if (remote) return InvalidateStatus::kCannotInvalidate;
-  region->valid_.store(false, std::memory_order_release);
+  // Under the writer lock, so never over kDeregistered.
+  region->state_.store(MemoryRegion::State::kInvalidated, std::memory_order_release);
   return InvalidateStatus::kOk;
 }
 
@@ -292,8 +583,20 @@ InvalidateStatus MemoryTable::InvalidateRemote(std::uint32_t stag, PdId qp_pd) {
   return Invalidate(stag, qp_pd, /*remote=*/true);
 }
 
+std::uint64_t MemoryTable::checks() const {
+  std::uint64_t total = 0;
+  for (ReaderRecord* r = g_records.load(std::memory_order_acquire); r != nullptr; r = r->next) {
+    for (const ReaderRecord::CheckCount& c : r->counts) {
+      if (c.table.load(std::memory_order_relaxed) == id_) {
+        total += c.count.load(std::memory_order_relaxed);
+      }
+    }
+  }
+  return total;
+}
+
 std::size_t MemoryTable::region_count() const {
-  std::shared_lock lock(mutex_);
+  std::lock_guard lock(writer_mutex_);
   return region_count_;
 }
 

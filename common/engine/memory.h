@@ -16,9 +16,8 @@
 //
 // The regions live in an open-addressing table indexed by the low bits of
 // the index (uniformly random, so no hashing is needed) with linear probing
-// and at most half the slots used: a lookup is a shared lock, about one
-// slot read on average, plus two atomic increments when it succeeds (see
-// RegionRef).
+// and at most half the slots used: a lookup reads about one slot on average
+// and writes nothing another thread writes (see "Threading" below).
 //
 // What a region checks, in this order (first failure wins, see access.h):
 // STag (index in range, region present, key equal), PD of the region equal to
@@ -47,17 +46,43 @@
 //
 // Threading and ownership: registration, deregistration and PD calls come
 // from application threads; checks and invalidations come from the progress
-// thread (and from application threads posting work). `mutex_` (a
-// std::shared_mutex) guards the table: checks take it shared, everything that
-// changes slots takes it exclusive. A successful check returns a RegionRef,
-// which pins the region record (shared_ptr) and counts as a user of its
-// memory. Deregister unpublishes the STag under the exclusive lock, so no new
-// check can succeed, and then waits (outside the lock) until every RegionRef
-// taken before has been released. When it returns, no engine thread touches
-// the buffer any more and the application may free it. Hence the contract
-// for RegionRef holders: hold one only while copying bytes of the region (one
-// DDP segment or less), never across waiting for the network, and never call
-// Deregister on a thread that holds a RegionRef of the same region.
+// thread (and from application threads posting work). Everything that
+// changes slots (Register, Deregister, PD calls, Invalidate) takes
+// `writer_mutex_`; a check takes no lock and writes only lines of its own
+// thread, because a Write ping-pong has the posting application and the
+// progress thread of the same process (placing the peer's Writes) check on
+// two CPUs in turn, and every line both write moves between the CPUs at
+// every check (docs/performance-notes.md 3.18, 3.23):
+//  - The table is read optimistically: writers make `version_` odd while
+//    they change slots (or grow the slot array, whose old copies are kept
+//    until the table goes), and a lookup that saw the version change
+//    starts again (a seqlock). Slots carry index, STag and region, so a
+//    lookup reads no region record before it has validated it.
+//  - A successful check returns a RegionRef, which counts as a user of the
+//    region's memory. The count lives in a hazard word of the checking
+//    thread's own reader record (region address | count, 8 words, one
+//    cache line, written only by that thread, with plain stores): the word
+//    is published before the version is validated, and Deregister reads
+//    the words after changing the version, with a fence between on both
+//    sides (membarrier(2) on Deregister's side and a compiler barrier on
+//    the lookup's where the kernel offers it), so either Deregister sees
+//    the word or the lookup sees the region gone. A thread holding 8
+//    distinct regions at once takes the ninth under `writer_mutex_` and
+//    counts it in the region's `users_`.
+// Deregister unpublishes the STag under the writer lock and marks the
+// region deregistered (holders that re-check see it invalid; a check that
+// found it a moment before fails with kInvalidStag), so no new check can
+// succeed, and then waits
+// (outside the lock, polling with a growing sleep) until no hazard word
+// and no `users_` count names the region; then it frees the record. When
+// it returns, no engine thread touches the buffer any more and the
+// application may free it. Hence the contract for RegionRef holders: hold
+// one only while copying bytes of the region (one DDP segment or less, or
+// one transmit turn), never across waiting for the network, and never call
+// Deregister on a thread that holds a RegionRef of the same region; and
+// release a RegionRef on the thread that took it (the engine's transmit
+// and receive turns release every ref before they return; debug builds
+// assert it).
 //
 // The table does not pin or translate memory: host addresses are the
 // process's own virtual addresses, which is what a userspace device needs.
@@ -69,9 +94,10 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
-#include <shared_mutex>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "common/engine/access.h"
@@ -97,8 +123,9 @@ using PdId = std::uint32_t;
 inline constexpr PdId kNoPd = 0;
 
 // One registered memory region. Immutable after registration except for the
-// validity flag, so readers holding a RegionRef need no lock.
-class MemoryRegion {
+// validity flag, so readers holding a RegionRef need no lock. Aligned to a
+// cache line: its address leaves the low bits of a hazard word to the count.
+class alignas(64) MemoryRegion {
  public:
   MemoryRegion(std::uint32_t stag, PdId pd, AccessFlags access, std::uint64_t iova,
                std::uint64_t length, std::uintptr_t host_address)
@@ -116,7 +143,8 @@ class MemoryRegion {
   std::uint64_t iova() const { return iova_; }
   std::uint64_t length() const { return length_; }
   std::uintptr_t host_address() const { return host_address_; }
-  bool valid() const { return valid_.load(std::memory_order_acquire); }
+  // False once invalidated or deregistered.
+  bool valid() const { return state_.load(std::memory_order_acquire) == State::kValid; }
 
   // Host address of the byte at `to`. Only meaningful for a TO that passed a
   // check against this region.
@@ -129,13 +157,13 @@ class MemoryRegion {
   friend class MemoryTable;
   friend class RegionRef;
 
-  // The counts first: std::make_shared puts the record right behind the
-  // shared_ptr's own counts, which every RegionRef changes too, so the two
-  // are mostly in one cache line. Checks on an application thread and on the
-  // progress thread alternate on them in a Write ping-pong
-  // (docs/performance-notes.md 3.18).
-  std::atomic<std::uint32_t> users_{0};  // live RegionRefs; Deregister waits for 0
-  std::atomic<bool> valid_{true};       // cleared once by invalidation
+  // Refs taken under the writer lock when the taking thread's hazard words
+  // were all in use (memory.cc); Deregister waits for 0.
+  std::atomic<std::uint32_t> users_{0};
+  enum class State : std::uint8_t { kValid, kInvalidated, kDeregistered };
+  // Deregistered wins over invalidated: a check that found the region just
+  // before Deregister unpublished it says kInvalidStag, as one just after.
+  std::atomic<State> state_{State::kValid};
   const std::uint32_t stag_;
   const PdId pd_;
   const AccessFlags access_;
@@ -144,27 +172,35 @@ class MemoryRegion {
   const std::uintptr_t host_address_;
 };
 
+struct ReaderRecord;  // memory.cc: one thread's hazard words and check counts
+
 // A region that passed a check, pinned for the duration of one copy. Move-only.
 class RegionRef {
  public:
   RegionRef() = default;
   ~RegionRef() { Release(); }
-  RegionRef(RegionRef&& other) noexcept : region_(std::move(other.region_)) {}
+  RegionRef(RegionRef&& other) noexcept
+      : region_(std::exchange(other.region_, nullptr)),
+        hazard_(std::exchange(other.hazard_, nullptr)) {}
   RegionRef& operator=(RegionRef&& other) noexcept;
   RegionRef(const RegionRef&) = delete;
   RegionRef& operator=(const RegionRef&) = delete;
 
   explicit operator bool() const { return region_ != nullptr; }
-  const MemoryRegion* get() const { return region_.get(); }
-  const MemoryRegion* operator->() const { return region_.get(); }
+  const MemoryRegion* get() const { return region_; }
+  const MemoryRegion* operator->() const { return region_; }
   // Drops the pin early (Deregister may then return).
   void Release();
 
  private:
   friend class MemoryTable;
-  explicit RegionRef(std::shared_ptr<MemoryRegion> region);
+  RegionRef(MemoryRegion* region, std::atomic<std::uint64_t>* hazard)
+      : region_(region), hazard_(hazard) {}
 
-  std::shared_ptr<MemoryRegion> region_;
+  MemoryRegion* region_ = nullptr;
+  // The hazard word of the taking thread's reader record that counts this
+  // ref, or null when region_->users_ counts it (memory.cc).
+  std::atomic<std::uint64_t>* hazard_ = nullptr;
 };
 
 struct AccessCheckResult {
@@ -257,43 +293,62 @@ class MemoryTable {
 
   std::size_t region_count() const;
   // How many Checks ran on this table (tests count the lookups a holder of
-  // a region saves, rx.h pin_).
-  std::uint64_t checks() const { return checks_.load(std::memory_order_relaxed); }
+  // a region saves, rx.h pin_). Counted per thread (memory.cc), so read it
+  // while no check runs; a thread that checks more than four tables in
+  // turn forgets the counts of the oldest.
+  std::uint64_t checks() const;
 
  private:
+  // Read by lookups without a lock while writers change them (the version
+  // says when a read may have been torn), hence atomics.
   struct Slot {
-    std::uint32_t index = 0;  // 0: empty
-    std::shared_ptr<MemoryRegion> region;
+    std::atomic<std::uint32_t> index{0};  // 0: empty
+    std::atomic<std::uint32_t> stag{0};
+    std::atomic<MemoryRegion*> region{nullptr};  // owned by the table
+  };
+  struct SlotArray {
+    explicit SlotArray(std::size_t size) : mask(size - 1), slots(new Slot[size]) {}
+    std::size_t size() const { return mask + 1; }
+    const std::size_t mask;  // size - 1, size a power of two
+    const std::unique_ptr<Slot[]> slots;
   };
 
+  // The region of `stag` with a ref counted in `record` (the calling
+  // thread's, memory.cc), or an empty ref if the STag names no region.
+  RegionRef Pin(std::uint32_t stag, ReaderRecord& record) const;
+  RegionRef PinLocked(std::uint32_t stag) const;  // takes writer_mutex_
   // Slot position of `index`, or of the empty slot where it would go.
-  std::size_t ProbeLocked(std::uint32_t index) const;  // needs mutex_
-  std::shared_ptr<MemoryRegion> FindLocked(std::uint32_t stag) const;  // needs mutex_
-  void EraseLocked(std::size_t position);  // needs mutex_ exclusive
-  void GrowLocked();                       // needs mutex_ exclusive
+  std::size_t ProbeLocked(std::uint32_t index) const;  // needs writer_mutex_
+  MemoryRegion* FindLocked(std::uint32_t stag) const;  // needs writer_mutex_
+  void EraseLocked(std::size_t position);  // needs writer_mutex_, version odd
+  void GrowLocked();                       // needs writer_mutex_, version odd
+  void BeginWriteLocked();  // version_ odd: lookups that overlap start again
+  void EndWriteLocked();    // version_ even
   InvalidateStatus Invalidate(std::uint32_t stag, PdId qp_pd, bool remote);
   // Draws an index not in use and not recently freed; 0 if the draws kept
   // hitting used ones, nullopt if no randomness is available.
-  std::optional<std::uint32_t> NextIndex();  // needs mutex_ exclusive
-  std::optional<std::uint8_t> NextKey();     // needs mutex_ exclusive
-  bool TakeRandom(std::uint8_t* out, std::size_t size);  // needs mutex_ exclusive
+  std::optional<std::uint32_t> NextIndex();  // needs writer_mutex_
+  std::optional<std::uint8_t> NextKey();     // needs writer_mutex_
+  bool TakeRandom(std::uint8_t* out, std::size_t size);  // needs writer_mutex_
 
   const std::uint32_t reuse_delay_;
   const std::uint32_t max_regions_;
   const KeySource key_source_;
   const IndexSource index_source_;
+  const std::uint64_t id_;  // never reused: the per-thread check counts name it
 
-  // Every check writes both (a shared lock is a write): one cache line, not
-  // two, to move between the threads that check (docs/performance-notes.md 3.18).
-  alignas(64) mutable std::shared_mutex mutex_;
-  mutable std::atomic<std::uint64_t> checks_{0};
-  std::vector<Slot> slots_;                  // guarded by mutex_; power of two, <= half used
-  std::deque<std::uint32_t> recently_freed_;  // guarded by mutex_; at most reuse_delay_
-  std::unordered_map<PdId, std::uint32_t> pd_regions_;  // guarded by mutex_; live PD -> #regions
-  PdId next_pd_ = 1;                                 // guarded by mutex_
-  std::size_t region_count_ = 0;                     // guarded by mutex_
-  std::uint8_t random_pool_[64] = {};                // guarded by mutex_; getrandom output
-  std::size_t random_left_ = 0;                      // guarded by mutex_
+  // Read by every lookup, written only when slots change: a line of its own.
+  alignas(64) std::atomic<std::uint64_t> version_{0};
+  std::atomic<SlotArray*> slots_{nullptr};
+  alignas(64) mutable std::mutex writer_mutex_;
+  std::unique_ptr<SlotArray> current_;                 // guarded by writer_mutex_
+  std::vector<std::unique_ptr<SlotArray>> retired_;    // guarded; lookups may still read them
+  std::deque<std::uint32_t> recently_freed_;  // guarded by writer_mutex_; at most reuse_delay_
+  std::unordered_map<PdId, std::uint32_t> pd_regions_;  // guarded; live PD -> #regions
+  PdId next_pd_ = 1;                                 // guarded by writer_mutex_
+  std::size_t region_count_ = 0;                     // guarded by writer_mutex_
+  std::uint8_t random_pool_[64] = {};                // guarded by writer_mutex_
+  std::size_t random_left_ = 0;                      // guarded by writer_mutex_
 };
 
 }  // namespace siwx::engine

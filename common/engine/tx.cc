@@ -277,9 +277,9 @@ bool QpTx::StartSqMessage() {
         return true;
       }
       // Held for the rest of the turn like GatherPayload's pin, so the
-      // segments framed from this WR need no second lookup: each lookup
-      // writes the table's lock and the region's counts, lines the progress
-      // thread's placement writes too (docs/performance-notes.md 3.18).
+      // segments framed from this WR need no second lookup (a probe of the
+      // table and the thread's hazard word, docs/performance-notes.md 3.18,
+      // 3.23).
       if (!pin_) pin_ = std::move(check.region);
     }
   }

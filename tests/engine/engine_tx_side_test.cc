@@ -10,8 +10,10 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <deque>
+#include <future>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -457,6 +459,47 @@ TEST_F(TxSideTest, AFullSocketArmsWriteInterestAndResumesExactly) {
   }
   EXPECT_EQ(octets, 4 * data.size());
   EXPECT_TRUE(qp_.errors.empty());
+}
+
+// The source region of Writes stuck behind a full socket is deregistered
+// on another thread: the transmit side holds no region between turns
+// (memory.h: never across waiting for the network), so Deregister returns
+// while the framed FPDUs still wait, and the next turn's re-check fails
+// the stream instead of sending octets of memory no longer registered.
+TEST_F(TxSideTest, ADeregisterBehindAFullSocketReturnsAndTheRestFails) {
+  Start();
+  std::vector<std::uint8_t> data = Pattern(256 * 1024, 9);
+  const std::uint32_t lkey = Register(data, AccessFlags::kNone);
+  for (std::uint64_t i = 0; i < 4; ++i) {
+    SendWorkRequest wr = WrOver(SendOpcode::kRdmaWrite, data, lkey, i);
+    wr.rkey = 0x99;
+    qp_.Post(wr);
+  }
+  tx_.Pump();
+  ASSERT_TRUE(qp_.write_interest);  // blocked: the peer reads nothing yet
+  std::future<DeregisterStatus> deregistered = std::async(
+      std::launch::async, [&] { return qp_.memory().Deregister(lkey); });
+  // A generous bound for a loaded machine; a Deregister that waited for the
+  // socket would never return, since nothing drains it meanwhile.
+  if (deregistered.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+    ADD_FAILURE() << "Deregister waits for a transfer blocked on a full socket";
+    PeerReceived();  // let the transmit side move on, so the test can end
+    tx_.Pump();
+  }
+  EXPECT_EQ(deregistered.get(), DeregisterStatus::kOk);
+
+  const std::size_t done_before = qp_.done.size();
+  for (int round = 0; round < 10000 && qp_.errors.empty() && qp_.done.size() < 4; ++round) {
+    PeerReceived();
+    tx_.Pump();
+  }
+  EXPECT_EQ(qp_.done.size(), done_before);  // nothing more completes
+  ASSERT_FALSE(qp_.errors.empty());
+  if (qp_.errors[0].failed_seq.has_value()) {
+    EXPECT_EQ(qp_.errors[0].failed_status, WcStatus::kLocProtErr);
+  } else {
+    EXPECT_TRUE(qp_.errors[0].abort);  // half an FPDU was out: the stream is cut
+  }
 }
 
 // RFC 6581 7.1: the initiator of a peer-to-peer startup sends the RTR

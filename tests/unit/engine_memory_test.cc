@@ -572,6 +572,169 @@ TEST(Concurrency, LookupsRaceWithDeregistration) {
   EXPECT_EQ(table.DeallocatePd(pd), PdStatus::kOk);
 }
 
+// A check writes only its own thread's reader record (memory.h), so the
+// refs of every thread must each hold Deregister back: two threads hold a
+// ref of the same region at once, each taken and released on its own
+// thread.
+TEST(Deregister, WaitsForRefsOfEveryThread) {
+  MemoryTable table(Opts({0x01}));
+  std::vector<std::uint8_t> buf(8);
+  const PdId pd = table.AllocatePd();
+  const std::uint32_t stag = table.Register(pd, 0, 8, Addr(buf), kRw).stag;
+  std::atomic<int> holding{0};
+  std::atomic<int> release{0};  // how many holders may let go
+  auto holder = [&](int rank, AccessKind kind) {
+    RegionRef ref = table.Check(stag, pd, kind, 0, 8).region;
+    EXPECT_TRUE(ref);
+    holding.fetch_add(1);
+    while (release.load() < rank) std::this_thread::yield();
+    ref.Release();
+  };
+  std::thread first(holder, 1, AccessKind::kRemoteWrite);
+  std::thread second(holder, 2, AccessKind::kLocalWrite);
+  while (holding.load() < 2) std::this_thread::yield();
+
+  std::atomic<bool> returned{false};
+  std::thread app([&] {
+    EXPECT_EQ(table.Deregister(stag), DeregisterStatus::kOk);
+    returned.store(true);
+  });
+  while (table.Check(stag, pd, AccessKind::kRemoteWrite, 0, 8).ok()) std::this_thread::yield();
+  release.store(1);
+  first.join();
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(returned.load());  // the second thread still holds it
+  release.store(2);
+  second.join();
+  app.join();
+  EXPECT_TRUE(returned.load());
+}
+
+// A thread that holds refs of more regions than its reader record has
+// hazard words takes the rest under the writer lock (memory.cc): those hold
+// Deregister back as well, and every region is released cleanly.
+TEST(Deregister, WaitsForRefsBeyondTheHazardWords) {
+  MemoryTable table(Opts({0x01}));
+  const PdId pd = table.AllocatePd();
+  constexpr int kRegions = 20;  // more than the 8 hazard words
+  std::vector<std::vector<std::uint8_t>> bufs(kRegions, std::vector<std::uint8_t>(8));
+  std::vector<std::uint32_t> stags;
+  std::vector<RegionRef> refs;
+  for (auto& b : bufs) {
+    stags.push_back(table.Register(pd, 0, 8, Addr(b), kRw).stag);
+    AccessCheckResult r = table.Check(stags.back(), pd, AccessKind::kRemoteWrite, 0, 8);
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r.region->host_address(), Addr(b));
+    refs.push_back(std::move(r.region));
+  }
+  // A second ref of a region already held shares its word or its count.
+  RegionRef again = table.Check(stags[kRegions - 1], pd, AccessKind::kRemoteWrite, 0, 8).region;
+  ASSERT_TRUE(again);
+
+  std::atomic<int> returned{0};
+  std::thread app([&] {
+    for (std::uint32_t stag : stags) {
+      EXPECT_EQ(table.Deregister(stag), DeregisterStatus::kOk);
+      returned.fetch_add(1);
+    }
+  });
+  for (int i = 0; i < kRegions; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(i == kRegions - 1 ? 50 : 5));
+    // Not timed: only a Deregister that did not wait could be ahead.
+    EXPECT_LE(returned.load(), i) << "region " << i;
+    if (i == kRegions - 1) {
+      refs[i].Release();
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      EXPECT_LE(returned.load(), i) << "the second ref of the last region";
+      again.Release();
+    } else {
+      refs[i].Release();
+    }
+  }
+  app.join();
+  EXPECT_EQ(returned.load(), kRegions);
+  EXPECT_EQ(table.region_count(), 0u);
+}
+
+// An STag that comes back (the same index and key drawn again after a
+// deregistration) names the new region only: lookups racing with
+// deregister + register of the same STag on other threads never reach the
+// old record or the old buffer. Each buffer says which registration it
+// belongs to (its length), so a lookup that reached an old region would
+// see the wrong octet; under ASan it would be a heap-use-after-free (the
+// table frees the record, the test the buffer, right after Deregister).
+TEST(Concurrency, AReusedStagNeverReachesTheOldRegion) {
+  MemoryTable::Options o;
+  o.key_source = Keys({0x5A});
+  o.index_source = Indices({0x1234});
+  o.reuse_delay = 0;  // the same STag at every registration
+  MemoryTable table(std::move(o));
+  const PdId pd = table.AllocatePd();
+  const std::uint32_t stag = MakeStag(0x1234, 0x5A);
+  std::atomic<bool> stop{false};
+  std::atomic<long> found{0};
+  std::atomic<long> wrong{0};
+
+  auto lookups = [&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+      AccessCheckResult r = table.Check(stag, pd, AccessKind::kRemoteWrite, 0, 1);
+      if (r.ok()) {
+        // The registration's marker: its length, low octet.
+        const std::uint8_t* p = r.region->HostPointer(0);
+        if (p[0] != static_cast<std::uint8_t>(r.region->length())) wrong.fetch_add(1);
+        found.fetch_add(1, std::memory_order_relaxed);
+      } else if (r.status != AccessStatus::kInvalidStag) {
+        wrong.fetch_add(1);
+      }
+    }
+  };
+  std::thread reader_a(lookups);
+  std::thread reader_b(lookups);
+  for (int round = 0; round < 3000; ++round) {
+    const std::size_t length = 16 + static_cast<std::size_t>(round % 200);
+    auto buf = std::make_unique<std::uint8_t[]>(length);
+    buf[0] = static_cast<std::uint8_t>(length);
+    const RegisterResult r = table.Register(pd, 0, length, reinterpret_cast<std::uintptr_t>(
+                                                               buf.get()),
+                                            kRw | AccessFlags::kZeroBased);
+    ASSERT_EQ(r.status, RegisterStatus::kOk);
+    ASSERT_EQ(r.stag, stag);
+    if (round % 8 == 0) std::this_thread::yield();
+    ASSERT_EQ(table.Deregister(stag), DeregisterStatus::kOk);
+    buf[0] = 0xFF;  // nothing may read this registration's marker any more
+    buf.reset();
+  }
+  stop.store(true);
+  reader_a.join();
+  reader_b.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(table.region_count(), 0u);
+}
+
+// checks() counts the lookups of every thread, per table.
+TEST(Checks, CountsEveryThreadsLookupsPerTable) {
+  MemoryTable a(Opts({0x01}));
+  MemoryTable b(Opts({0x02}));
+  std::vector<std::uint8_t> buf(8);
+  const PdId pd_a = a.AllocatePd();
+  const PdId pd_b = b.AllocatePd();
+  const std::uint32_t stag_a = a.Register(pd_a, 0, 8, Addr(buf), kRw).stag;
+  const std::uint32_t stag_b = b.Register(pd_b, 0, 8, Addr(buf), kRw).stag;
+  auto work = [&] {
+    for (int i = 0; i < 100; ++i) {
+      EXPECT_TRUE(a.Check(stag_a, pd_a, AccessKind::kLocalRead, 0, 8).ok());
+      EXPECT_TRUE(b.Check(stag_b, pd_b, AccessKind::kLocalRead, 0, 8).ok());
+      EXPECT_TRUE(b.Check(stag_b + 1, pd_b, AccessKind::kLocalRead, 0, 8).status ==
+                  AccessStatus::kInvalidStag);
+    }
+  };
+  std::thread other(work);
+  work();
+  other.join();
+  EXPECT_EQ(a.checks(), 200u);
+  EXPECT_EQ(b.checks(), 400u);
+}
+
 TEST(AccessStatusName, NamesEveryStatus) {
   EXPECT_EQ(AccessStatusName(AccessStatus::kOk), "ok");
   EXPECT_EQ(AccessStatusName(AccessStatus::kInvalidStag), "invalid STag");
