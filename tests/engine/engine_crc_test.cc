@@ -72,11 +72,7 @@ TEST(EngineCrc, EngineSendsACrcThatCoversItsMarkers) {
   // some have one between pad and CRC. A raw peer records the stream and
   // checks every CRC with the bitwise reference.
   Node node;
-  LinkOptions o;
-  o.crc = true;
-  o.markers = true;
-  o.max_ulpdu = 1024;
-  RawLink link(node, o);
+  RawLink link(node, {.crc = true, .markers = true, .max_ulpdu = 1024});
   constexpr int kWrites = 120;
   Buffer src(kWrites * 41 + 8);
   src.Fill(5);
@@ -110,10 +106,7 @@ TEST(EngineCrc, EngineAcceptsFpdusWhoseCrcCoversTheirMarkers) {
   // the FPDU as sent, markers included), then a Send; the engine must place
   // them all and complete the Send, with no Terminate.
   Node node;
-  LinkOptions o;
-  o.crc = true;
-  o.markers = true;
-  RawLink link(node, o);
+  RawLink link(node, {.crc = true, .markers = true});
   constexpr std::size_t kSize = 64 * 1024;
   Buffer sink(kSize);
   const std::uint32_t stag = sink.Register(node.memory(), node.pd, kAllRemote);
@@ -163,10 +156,7 @@ TEST(EngineCrc, TwoEnginesWithCrcAndMarkersMoveDataBothWays) {
   // of sizes spanning thousands of marker positions.
   Node a;
   Node b;
-  LinkOptions o;
-  o.crc = true;
-  o.markers = true;
-  Link(a, b, Transport::kTcp, o);
+  Link(a, b, Transport::kTcp, {.crc = true, .markers = true});
   constexpr std::size_t kSize = 1 << 20;
   Buffer a_src(kSize);
   a_src.Fill(21);
@@ -227,10 +217,7 @@ TEST(EngineCrc, ReadResponsesStagedPieceByPieceGoOutAsTheReferenceFramesThem) {
     for (const bool markers : {false, true}) {
       SCOPED_TRACE(std::string(crc ? "CRC" : "no CRC") + (markers ? ", markers" : ""));
       Node node;
-      LinkOptions o;
-      o.crc = crc;
-      o.markers = markers;
-      o.max_ulpdu = 16384;
+      const LinkOptions o{.crc = crc, .markers = markers, .max_ulpdu = 16384};
       RawLink link(node, o);
       Buffer source((1 << 20) + 16);
       source.Fill(31);
@@ -323,10 +310,7 @@ TEST(EngineCrc, ReadResponseCrcCoversTheOctetsSentWhileTheSourceChanges) {
     SCOPED_TRACE(markers ? "CRC and markers" : "CRC");
     Node a;
     Node b;
-    LinkOptions o;
-    o.crc = true;
-    o.markers = markers;
-    Link(a, b, Transport::kSocketPair, o);
+    Link(a, b, Transport::kSocketPair, {.crc = true, .markers = markers});
     constexpr std::size_t kSize = 1 << 20;
     constexpr int kReads = 12;
     Buffer src(kSize);

@@ -116,6 +116,43 @@ class UnsentLimitTest : public ::testing::Test {
     if (drain_.joinable()) drain_.join();
   }
 
+  // Posts `writes` Writes to each of the first `streams` streams, with a
+  // poll after every post (so each transmits at once), then polls until
+  // that many streams wait on a full socket; adds what the polls completed
+  // to `completed`.
+  ::testing::AssertionResult FillSockets(std::size_t streams, std::uint64_t writes,
+                                         std::size_t& completed) {
+    std::array<WorkCompletion, 64> batch;
+    for (std::size_t i = 0; i < streams; ++i) {
+      for (std::uint64_t w = 0; w < writes; ++w) {
+        if (PostWrite(i, i * writes + w) != PostStatus::kOk) {
+          return ::testing::AssertionFailure() << "Write " << w << " to stream " << i;
+        }
+        completed += send_cq_->Poll(batch);
+      }
+    }
+    if (!WaitUntil([&] {
+          completed += send_cq_->Poll(batch);
+          return engine_->tx_blocked_streams() == streams;
+        })) {
+      return ::testing::AssertionFailure() << "not every socket filled";
+    }
+    return ::testing::AssertionSuccess();
+  }
+
+  // Once the peers read: the rest of Writes 0..total-1 complete, each
+  // successfully, no stream is left waiting, and every payload octet (with
+  // the framing around it) reaches the peers.
+  void ExpectEveryWriteDone(std::uint64_t total, std::size_t completed) {
+    const std::vector<WorkCompletion> rest = WaitCompletions(*send_cq_, total - completed);
+    EXPECT_EQ(completed + rest.size(), total);
+    for (const WorkCompletion& wc : rest) EXPECT_EQ(wc.status, WcStatus::kSuccess);
+    EXPECT_TRUE(WaitUntil([&] { return engine_->tx_blocked_streams() == 0; }));
+    const std::uint64_t payload = total * kSize;
+    EXPECT_TRUE(WaitUntil([&] { return drained_.load() >= payload; }))
+        << drained_.load() << " octets reached the peers, " << payload << " of payload sent";
+  }
+
   // Two application threads transmit inline (a poll after every post, so no
   // post waits for the next) on all the streams, whose peers read in bursts
   // `pause` apart, while the progress thread pumps on EPOLLOUT: every Write
@@ -165,9 +202,7 @@ TEST_F(UnsentLimitTest, EachStreamFoundFullGetsItsShareAndEveryWriteCompletes) {
   EXPECT_LT(completed, kStreams * kWrites);
 
   StartDrain();
-  completed += WaitCompletions(*send_cq_, kStreams * kWrites - completed).size();
-  EXPECT_EQ(completed, kStreams * kWrites);
-  EXPECT_TRUE(WaitUntil([&] { return engine_->tx_blocked_streams() == 0; }));
+  ExpectEveryWriteDone(kStreams * kWrites, completed);
 }
 
 // A socket found full has its write interest armed; when it drains while an
@@ -182,17 +217,7 @@ TEST_F(UnsentLimitTest, EpollOutWhileTheApplicationOwnsTransmitWakesTheProgressT
   ASSERT_EQ(qps_.size(), kStreams);
   constexpr std::uint64_t kWrites = 200;  // 12.5 MiB a stream: its socket fills
   std::size_t completed = 0;
-  std::array<WorkCompletion, 64> batch;
-  for (std::size_t i = 0; i < kStreams; ++i) {
-    for (std::uint64_t w = 0; w < kWrites; ++w) {
-      ASSERT_EQ(PostWrite(i, i * kWrites + w), PostStatus::kOk);
-      completed += send_cq_->Poll(batch);
-    }
-  }
-  ASSERT_TRUE(WaitUntil([&] {
-    completed += send_cq_->Poll(batch);
-    return engine_->tx_blocked_streams() == kStreams;
-  })) << "not every socket filled";
+  ASSERT_TRUE(FillSockets(kStreams, kWrites, completed));
   const std::uint64_t wakes_before = qps_[0]->tx_wakes_owned();
   qps_[0]->HoldTxGateForTest();
   StartDrain();  // the peers start reading only now
@@ -203,16 +228,7 @@ TEST_F(UnsentLimitTest, EpollOutWhileTheApplicationOwnsTransmitWakesTheProgressT
             std::chrono::milliseconds(100));
   EXPECT_EQ(qps_[0]->tx_wakes_owned(), wakes_before + 1);
   qps_[0]->ReleaseTxGateForTest();  // the kick left behind pumps here
-
-  std::vector<WorkCompletion> rest = WaitCompletions(*send_cq_, kStreams * kWrites - completed);
-  completed += rest.size();
-  EXPECT_EQ(completed, kStreams * kWrites);
-  for (const WorkCompletion& wc : rest) EXPECT_EQ(wc.status, WcStatus::kSuccess);
-  EXPECT_TRUE(WaitUntil([&] { return engine_->tx_blocked_streams() == 0; }));
-  // Every payload octet (and the framing around it) reached the peers.
-  const std::uint64_t payload = std::uint64_t{kStreams} * kWrites * kSize;
-  EXPECT_TRUE(WaitUntil([&] { return drained_.load() >= payload; }))
-      << drained_.load() << " octets reached the peers, " << payload << " of payload sent";
+  ExpectEveryWriteDone(kStreams * kWrites, completed);
 }
 
 // A post to a stream whose socket is known full (write interest armed)
@@ -226,17 +242,8 @@ TEST_F(UnsentLimitTest, PostsToAFullSocketWhileOthersWaitAreLeftToEpollOut) {
   constexpr std::uint64_t kWrites = 200;  // 12.5 MiB a stream: its socket fills
   constexpr std::uint64_t kMore = 16;     // posted to stream 0 once all are full
   std::size_t completed = 0;
+  ASSERT_TRUE(FillSockets(kStreams, kWrites, completed));
   std::array<WorkCompletion, 64> batch;
-  for (std::size_t i = 0; i < kStreams; ++i) {
-    for (std::uint64_t w = 0; w < kWrites; ++w) {
-      ASSERT_EQ(PostWrite(i, i * kWrites + w), PostStatus::kOk);
-      completed += send_cq_->Poll(batch);
-    }
-  }
-  ASSERT_TRUE(WaitUntil([&] {
-    completed += send_cq_->Poll(batch);
-    return engine_->tx_blocked_streams() == kStreams;
-  })) << "not every socket filled";
   const QpCounters before = qps_[0]->Counters();
   const std::uint64_t left_before = qps_[0]->tx_kicks_left_to_epollout();
   for (std::uint64_t w = 0; w < kMore; ++w) {
@@ -249,15 +256,7 @@ TEST_F(UnsentLimitTest, PostsToAFullSocketWhileOthersWaitAreLeftToEpollOut) {
   EXPECT_EQ(after.tx_syscalls, before.tx_syscalls);
 
   StartDrain();
-  const std::uint64_t total = kStreams * kWrites + kMore;
-  std::vector<WorkCompletion> rest = WaitCompletions(*send_cq_, total - completed);
-  completed += rest.size();
-  EXPECT_EQ(completed, total);
-  for (const WorkCompletion& wc : rest) EXPECT_EQ(wc.status, WcStatus::kSuccess);
-  EXPECT_TRUE(WaitUntil([&] { return engine_->tx_blocked_streams() == 0; }));
-  const std::uint64_t payload = total * kSize;
-  EXPECT_TRUE(WaitUntil([&] { return drained_.load() >= payload; }))
-      << drained_.load() << " octets reached the peers, " << payload << " of payload sent";
+  ExpectEveryWriteDone(kStreams * kWrites + kMore, completed);
 }
 
 // A stream that waits alone (one QP: ib_write_bw -q 1) keeps transmitting
@@ -268,15 +267,8 @@ TEST_F(UnsentLimitTest, PostsToAStreamThatWaitsAloneStillTransmitInline) {
   constexpr std::uint64_t kWrites = 200;
   constexpr std::uint64_t kMore = 16;
   std::size_t completed = 0;
+  ASSERT_TRUE(FillSockets(1, kWrites, completed));
   std::array<WorkCompletion, 64> batch;
-  for (std::uint64_t w = 0; w < kWrites; ++w) {
-    ASSERT_EQ(PostWrite(0, w), PostStatus::kOk);
-    completed += send_cq_->Poll(batch);
-  }
-  ASSERT_TRUE(WaitUntil([&] {
-    completed += send_cq_->Poll(batch);
-    return engine_->tx_blocked_streams() == 1;
-  })) << "the socket never filled";
   const QpCounters before = qps_[0]->Counters();
   for (std::uint64_t w = 0; w < kMore; ++w) {
     ASSERT_EQ(PostWrite(0, kWrites + w), PostStatus::kOk);
@@ -286,10 +278,7 @@ TEST_F(UnsentLimitTest, PostsToAStreamThatWaitsAloneStillTransmitInline) {
   EXPECT_GE(qps_[0]->Counters().tx_would_block, before.tx_would_block + kMore);
 
   StartDrain();
-  const std::uint64_t total = kWrites + kMore;
-  completed += WaitCompletions(*send_cq_, total - completed).size();
-  EXPECT_EQ(completed, total);
-  EXPECT_TRUE(WaitUntil([&] { return engine_->tx_blocked_streams() == 0; }));
+  ExpectEveryWriteDone(kWrites + kMore, completed);
 }
 
 // The completions of Writes numbered 0..total-1 that several threads poll:
