@@ -1077,17 +1077,16 @@ void Qp::Detach() {
   {
     std::lock_guard rx_lock(rx_mutex_);
     LockTxExclusive();
-    // The stream ends in order when our FIN is already out after everything
-    // owed, or when an orderly close was asked for (Disconnect, the peer's
-    // FIN, out-of-band teardown) and has not finished yet: then what TCP
-    // holds still reaches the peer. WRs not yet started are dropped (a
-    // destroy discards them), but an FPDU partly on the wire is finished or,
-    // if the socket has no room for its rest now, the stream is reset: a
-    // FIN must never cut one. A connected QP without any of these is
-    // destroyed abortively (RST), the iWARP verbs rule.
-    const bool orderly =
-        stream_ && (tx_.fin_sent() ||
-                    (!finalized_ && (ib_teardown_.load() || state_.state() == QpState::kClosing)));
+    // A destroy ends the stream as Linux siw's does (it releases the
+    // socket): what TCP holds still reaches the peer, then FIN. The last
+    // message may still be in our send buffer when the application saw
+    // its completion and destroyed the QP (perftest's rdma_cm exchange
+    // ends so), and an RST would discard it. WRs not yet started are
+    // dropped, but an FPDU partly on the wire is finished or, if the socket
+    // has no room for its rest now, the stream is reset: a FIN must never
+    // cut one. A stream that an error already ended without our FIN is
+    // reset.
+    const bool orderly = stream_ && (tx_.fin_sent() || !finalized_);
     const bool graceful = orderly && tx_.FinishStartedFpdu();
     tx_.Stop();
     if (stream_) {

@@ -225,12 +225,11 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // order, ahead of anything posted later; an error before that flushes them.
   void QueueSendsBeforeStream() { queue_sends_before_stream_.store(true); }
   // Out-of-band connect: end the stream as an InfiniBand RC QP ends, which
-  // is what programs that connect QPs themselves expect. Destroy closes
-  // with FIN after what TCP holds (not RST: the peer's last message may
-  // still be in our send buffer), and the peer's orderly close leaves the
-  // posted receives outstanding instead of flushing them (a peer that
-  // destroys its QP does not flush ours on InfiniBand); they flush on a
-  // later ibv_modify_qp to ERR or post_recv. Cleared at RESET.
+  // is what programs that connect QPs themselves expect: the peer's
+  // orderly close leaves the posted receives outstanding instead of
+  // flushing them (a peer that destroys its QP does not flush ours on
+  // InfiniBand); they flush on a later ibv_modify_qp to ERR or post_recv.
+  // Cleared at RESET.
   void UseIbTeardown() { ib_teardown_.store(true); }
 
   // ibv_modify_qp(IBV_QP_STATE). Entering ERR aborts the stream (RST) and
@@ -247,10 +246,10 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // if the QP is not in RTS.
   bool Disconnect();
 
-  // Detaches the stream and removes the QP from the engine. A stream that
-  // ends in order (Disconnect asked, or our FIN out) is closed gracefully:
-  // what TCP holds still reaches the peer, then FIN; WRs not yet started
-  // are dropped. Otherwise (still connected) the close is abortive (RST).
+  // Detaches the stream and removes the QP from the engine. A stream still
+  // connected or ending in order is closed gracefully, as Linux siw closes
+  // it: what TCP holds still reaches the peer, then FIN; WRs not yet
+  // started are dropped. A stream an error ended is reset (RST).
   // No completions are generated. Safe while the progress thread is
   // running; when it returns (off the progress thread and outside callbacks
   // of this QP) no engine thread touches the QP's buffers or CQs any more.

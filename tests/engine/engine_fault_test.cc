@@ -1503,6 +1503,38 @@ void ExpectLaneData(const Lane& l) {
   EXPECT_TRUE(l.dst.GuardsIntact());
 }
 
+// How a peer's QP ends when the QP it is connected to is destroyed
+// mid-traffic. The destroy closes the stream as Linux siw does (FIN after
+// what TCP holds, an FPDU partly out finished first), so the peer sees one
+// of three ends: the FIN at a message boundary (orderly: no error, only
+// the stream-closed event), the FIN inside a Send or Read Response (RFC
+// 5044 8: a Terminate for the lost connection, the fatal event), or an RST
+// when the destroyed side could not read away what the peer kept sending.
+// `events`: those of the peer's engine. Returns which end, for the log.
+const char* ExpectEndedByPeerDestroy(Node& n, const std::vector<AsyncEvent>& events) {
+  const QpAttributes attr = n.qp->Query();
+  std::vector<AsyncEventType> mine;
+  for (const AsyncEvent& e : events) {
+    if (e.qp_num == n.qp->qp_num()) mine.push_back(e.type);
+  }
+  EXPECT_EQ(attr.state, QpState::kError);
+  EXPECT_FALSE(attr.terminate_received.has_value());
+  const std::vector<AsyncEventType> fatal{AsyncEventType::kQpFatal, AsyncEventType::kStreamClosed};
+  if (attr.local_error) {
+    EXPECT_EQ(*attr.local_error, TerminateCause::MpaConnectionLost());
+    EXPECT_FALSE(attr.terminate_sent.has_value());
+    EXPECT_EQ(mine, fatal);
+    return "RST";
+  }
+  if (attr.terminate_sent) {
+    EXPECT_EQ(attr.terminate_sent->cause, TerminateCause::MpaConnectionLost());
+    EXPECT_EQ(mine, fatal);
+    return "FIN inside a message";
+  }
+  EXPECT_EQ(mine, std::vector<AsyncEventType>{AsyncEventType::kStreamClosed});
+  return "FIN";
+}
+
 TEST(EngineDestroy, DestroyOneQpWhileTrafficIsInFlight) {
   Watchdog watchdog(kTestLimit, "DestroyOneQpWhileTrafficIsInFlight");
   const std::size_t fds_before = OpenFdCount();
@@ -1527,7 +1559,7 @@ TEST(EngineDestroy, DestroyOneQpWhileTrafficIsInFlight) {
     EXPECT_EQ(pairs.a[0]->qp->PostRecv(ReceiveWorkRequest{}), PostStatus::kInvalidState);
     const std::size_t victim_send = pairs.a[0]->send_cq->size();
     const std::size_t victim_recv = pairs.a[0]->recv_cq->size();
-    // Its peer learns from the reset; the other pairs carry on.
+    // Its peer learns from the stream's end; the other pairs carry on.
     EXPECT_TRUE(WaitUntil([&] { return pairs.b[0]->qp->state() == QpState::kError; }));
     std::this_thread::sleep_for(std::chrono::milliseconds(150));
     stop.store(true);
@@ -1542,24 +1574,17 @@ TEST(EngineDestroy, DestroyOneQpWhileTrafficIsInFlight) {
       EXPECT_EQ(va.send_done[i].wr_id, i);
       EXPECT_EQ(va.send_done[i].status, WcStatus::kSuccess);
     }
-    // The peer: reset by the destroy, everything flushed in order.
+    // The peer: ended by the destroy, everything flushed in order.
     const Lane& vb = *pairs.lb[0];
-    const QpAttributes attr = pairs.b[0]->qp->Query();
-    ASSERT_TRUE(attr.local_error.has_value());
-    EXPECT_EQ(*attr.local_error, TerminateCause::MpaConnectionLost());
-    EXPECT_FALSE(attr.terminate_sent.has_value());
+    const std::vector<AsyncEvent> b_events = pairs.b[0]->events.Events();
+    std::printf("the peer of the destroyed QP saw: %s\n",
+                ExpectEndedByPeerDestroy(*pairs.b[0], b_events));
     // b[0] posts until it sees a failed completion, so at least one of its
     // send WRs is flushed; its spare receives may all have been consumed.
     EXPECT_GE(ExpectAccounted(vb.send_done, vb.sends_posted, pairs.b[0]->qp->qp_num(), "b[0] sends"), 1u);
     ExpectAccounted(vb.recv_done, vb.recvs_posted, pairs.b[0]->qp->qp_num(), "b[0] receives");
-    // The fatal event, then (once finalized) the stream-closed one, and
-    // nothing for any other QP.
-    const std::vector<AsyncEvent> b_events = pairs.b[0]->events.Events();
-    ASSERT_EQ(b_events.size(), 2u);
-    EXPECT_EQ(b_events[0].type, AsyncEventType::kQpFatal);
-    EXPECT_EQ(b_events[0].qp_num, pairs.b[0]->qp->qp_num());
-    EXPECT_EQ(b_events[1].type, AsyncEventType::kStreamClosed);
-    EXPECT_EQ(b_events[1].qp_num, pairs.b[0]->qp->qp_num());
+    // Nothing for any other QP.
+    for (const AsyncEvent& e : b_events) EXPECT_EQ(e.qp_num, pairs.b[0]->qp->qp_num());
     EXPECT_TRUE(pairs.a[0]->events.Events().empty());
 
     // The others: every WR succeeded, every octet arrived.
@@ -1625,31 +1650,19 @@ TEST(EngineDestroy, DestroyAnEngineWhileTrafficIsInFlight) {
       a_send[p] = pairs.a[p]->send_cq->size();
       a_recv[p] = pairs.a[p]->recv_cq->size();
     }
-    // Every QP of b is reset, fails and flushes.
+    // Every QP of b ends and flushes.
     for (std::size_t p = 0; p < kDestroyPairs; ++p) {
       EXPECT_TRUE(WaitUntil([&] { return pairs.b[p]->qp->state() == QpState::kError; })) << p;
     }
     stop_b.store(true);
     tb.join();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    // Per QP of b: the fatal event, then the stream-closed one.
+    // Per QP of b: one of the ends of a peer's destroy.
     const std::vector<AsyncEvent> events = pairs.b[0]->events.Events();
-    EXPECT_EQ(events.size(), 2 * kDestroyPairs);
-    for (auto& n : pairs.b) {
-      std::vector<AsyncEventType> mine;
-      for (const AsyncEvent& e : events) {
-        if (e.qp_num == n->qp->qp_num()) mine.push_back(e.type);
-      }
-      EXPECT_EQ(mine, (std::vector<AsyncEventType>{AsyncEventType::kQpFatal, AsyncEventType::kStreamClosed}))
-          << "qp " << n->qp->qp_num();
-    }
     for (std::size_t p = 0; p < kDestroyPairs; ++p) {
       SCOPED_TRACE("pair " + std::to_string(p));
       const Lane& l = *pairs.lb[p];
-      const QpAttributes attr = l.node->qp->Query();
-      ASSERT_TRUE(attr.local_error.has_value());
-      EXPECT_EQ(*attr.local_error, TerminateCause::MpaConnectionLost());
-      EXPECT_FALSE(attr.terminate_sent.has_value());
+      std::printf("pair %zu: %s\n", p, ExpectEndedByPeerDestroy(*l.node, events));
       // Every posted send is accounted for; how many of them succeeded before
       // a's engine went depends on scheduling (none, on a loaded machine).
       ExpectAccounted(l.send_done, l.sends_posted, l.node->qp->qp_num(), "sends");
