@@ -76,6 +76,7 @@ void QpRx::Start(const StreamParams& params) {
   terminate_length_ = 0;
   last_boundary_ = 0;
   last_fpdu_large_ = false;
+  small_follower_octets_ = 0;
   awaiting_rtr_ = params.rtr_role == RtrRole::kAwait;
   started_ = true;
   stopped_ = false;
@@ -288,6 +289,10 @@ std::size_t QpRx::TailGuess() const {
   std::size_t guess = mpa::PadLength(ulpdu_length_) + mpa::kCrcSize + mpa::kUlpduLengthSize +
                       std::max(header_raw_length_, rdmap::kDdpUntaggedHeaderSize);
   if (params_.rx_markers) guess += 2 * mpa::kMarkerSize;
+  // The small FPDU that ends a large message, whole: one recvmsg fewer per
+  // message. When a large FPDU comes instead, that many octets of its
+  // payload are copied out of the staging buffer.
+  if (payload_length_ >= kDirectPlacementMin) guess += small_follower_octets_;
   return std::min(guess, staging_.size());
 }
 
@@ -529,7 +534,14 @@ void QpRx::OnFpduComplete() {
                     ((segment_ == Segment::kReadResponse || segment_ == Segment::kSend) &&
                      !header_.last));
   if (!keeps_pin) ReleasePin();
-  last_fpdu_large_ = payload_length_ >= kDirectPlacementMin;
+  const bool large = payload_length_ >= kDirectPlacementMin;
+  if (last_fpdu_large_ && !large) {
+    const std::size_t octets = mpa::UnmarkedFpduLength(ulpdu_length_);
+    small_follower_octets_ = octets <= kSmallFollowerMax ? octets : 0;
+  } else if (large && header_.last) {
+    small_follower_octets_ = 0;  // messages end with a large FPDU
+  }
+  last_fpdu_large_ = large;
   if (pending_) {
     const PendingError error = *pending_;
     pending_.reset();

@@ -87,6 +87,9 @@ class QpRx {
   // target; a smaller one goes through the staging buffer with the FPDUs
   // around it. Both measured (docs/performance-notes.md 2).
   static constexpr std::size_t kDirectPlacementMin = 12 * 1024;
+  // The longest small FPDU a direct read's tail fetches with it: bounds
+  // the copy when the next FPDU is a large one after all.
+  static constexpr std::size_t kSmallFollowerMax = 2048;
 
   explicit QpRx(QpForRx& qp);
   ~QpRx();
@@ -231,6 +234,12 @@ class QpRx {
   bool awaiting_rtr_ = false;
   std::uint64_t last_boundary_ = 0;  // parser stream position after the last FPDU
   bool last_fpdu_large_ = false;     // its payload was at least kDirectPlacementMin
+  // The whole small FPDU (framing included) that last followed a large one:
+  // the last segment of a large message, 48 payload octets of each 64 KiB
+  // Write on loopback. A direct read's staging tail takes one that long
+  // along (TailGuess), saving the recvmsg it would cost alone; 0 when
+  // messages end with a large FPDU. At most kSmallFollowerMax.
+  std::size_t small_follower_octets_ = 0;
 
   // The region of the last target checked (tagged, or a receive WR's SGE),
   // kept while the octets of one read are processed: the FPDUs of a Write or

@@ -205,27 +205,42 @@ TEST_P(BatchRxTest, SmallAndLargePayloadsMixed) {
   EXPECT_EQ(c.rx_staged_payload + c.rx_direct_payload, at + msg.size());
 }
 
-// Large messages at a large MULPDU: each is one large FPDU and a small last
-// one. Only the first read (the stream starts with framing) goes through
-// the staging buffer; after it, the rest of a large payload and the small
-// FPDU after a large one are read directly, so the next large FPDU is never
-// pulled into the staging buffer and copied (rx.h, Placement).
-TEST(BatchRxLargeTest, LargeFpdusStayPlacedDirectly) {
+// Large messages at a large MULPDU: large FPDUs, then a small last one.
+// Only the first read (the stream starts with framing) goes through the
+// staging buffer; after it every large payload is read directly, and the
+// direct read of a large FPDU takes the small FPDU that ends its message
+// along in its staging tail (rx.h small_follower_octets_), so a message
+// costs one recvmsg per large FPDU. The next large FPDU is never pulled
+// into the staging buffer and copied, but for the few octets of its
+// payload that a tail sized for a small FPDU fetches (rx.h, Placement).
+struct LargeMessageShape {
+  const char* name;
+  std::size_t large_fpdus;  // per message, each of kLarge payload octets
+  friend void PrintTo(const LargeMessageShape& shape, std::ostream* os) { *os << shape.name; }
+};
+
+class BatchRxLargeTest : public ::testing::TestWithParam<LargeMessageShape> {};
+
+TEST_P(BatchRxLargeTest, LargeFpdusStayPlacedDirectly) {
   Node node;
   PrewrittenLink link(node, LinkOptions{});
   constexpr std::size_t kMessages = 12;
-  constexpr std::size_t kLarge = 60000;
+  constexpr std::size_t kLarge = 30000;
   constexpr std::size_t kSmall = 36;
-  Buffer target(kMessages * (kLarge + kSmall), 0);
+  const std::size_t large_fpdus = GetParam().large_fpdus;
+  Buffer target(kMessages * (large_fpdus * kLarge + kSmall), 0);
   const std::uint32_t rkey = target.Register(node.memory(), node.pd, kAllRemote, true);
   Buffer recv(8, 0);
   PostRecv(node, 1, recv, recv.Register(node.memory(), node.pd, AccessFlags::kLocalWrite));
   Bytes wire;
   Bytes expected(target.size(), 0);
   std::size_t at = 0;
+  std::uint32_t seed = 0;
   for (std::size_t m = 0; m < kMessages; ++m) {
-    for (const std::size_t size : {kLarge, kSmall}) {
-      const Bytes payload = Pattern(static_cast<std::uint32_t>(2 * m + (size == kSmall)), size);
+    std::vector<std::size_t> sizes(large_fpdus, kLarge);
+    sizes.push_back(kSmall);
+    for (const std::size_t size : sizes) {
+      const Bytes payload = Pattern(seed++, size);
       link.peer().FrameTo(WriteHeader(rkey, target.addr() + at, size == kSmall), payload, wire);
       std::copy(payload.begin(), payload.end(), expected.begin() + static_cast<std::ptrdiff_t>(at));
       at += size;
@@ -239,13 +254,24 @@ TEST(BatchRxLargeTest, LargeFpdusStayPlacedDirectly) {
   EXPECT_TRUE(target.GuardsIntact());
   const QpCounters c = node.qp->Counters();
   EXPECT_EQ(c.rx_staged_payload + c.rx_direct_payload, at);
-  // At most the first staging buffer's worth was copied, plus the few
-  // octets per FPDU that a direct read's staging tail fetches past the next
-  // header (it is sized for the longest header).
-  const std::size_t copied_at_most = QpRx::kStagingSize + 2 * kMessages * 16;
+  // Copied at most: the first staging buffer's worth, and per large FPDU
+  // what its tail fetches past the next header (a small FPDU's length,
+  // plus the difference between the longest and the tagged header).
+  const std::size_t small_fpdu = mpa::UnmarkedFpduLength(rdmap::kDdpTaggedHeaderSize + kSmall);
+  const std::size_t copied_at_most =
+      QpRx::kStagingSize + kMessages * large_fpdus * (small_fpdu + 16);
   EXPECT_LE(c.rx_staged_payload, copied_at_most);
   EXPECT_GE(c.rx_direct_payload, at - copied_at_most);
+  // One recvmsg per large FPDU (the small one cost one more before).
+  EXPECT_LE(c.rx_syscalls, kMessages * large_fpdus + 2);
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, BatchRxLargeTest,
+    ::testing::Values(LargeMessageShape{"OneLargeThenSmall", 1},
+                      // 64 KiB Writes on loopback: two 32 KiB FPDUs, then 48 octets.
+                      LargeMessageShape{"TwoLargeThenSmall", 2}),
+    [](const ::testing::TestParamInfo<LargeMessageShape>& p) { return p.param.name; });
 
 // Sends of many MTU-sized FPDUs (what a standard peer sends for a 16 KiB
 // message): the receive buffer is looked up in the memory table once per
