@@ -14,8 +14,10 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -177,6 +179,46 @@ bool StartNetdevMonitor(std::function<void()> on_change) {
   }
   sock.release();  // owned by the thread
   return true;
+}
+
+struct AddressChanges::Socket {
+  SocketPtr sock;
+};
+
+AddressChanges::AddressChanges() = default;
+AddressChanges::~AddressChanges() = default;
+
+bool AddressChanges::ChangedSinceLastCall() {
+  const int pid = static_cast<int>(::getpid());
+  if (socket_ == nullptr || owner_pid_ != pid) {
+    // A socket inherited over fork is the parent's to read: close this copy.
+    socket_.reset();
+    owner_pid_ = pid;
+    auto s = std::make_unique<Socket>();
+    s->sock.reset(nl_socket_alloc());
+    if (!s->sock) return true;
+    nl_socket_disable_seq_check(s->sock.get());
+    if (nl_connect(s->sock.get(), NETLINK_ROUTE) < 0 ||
+        nl_socket_add_memberships(s->sock.get(), RTNLGRP_LINK, RTNLGRP_IPV4_IFADDR,
+                                  RTNLGRP_IPV6_IFADDR, 0) < 0 ||
+        nl_socket_set_nonblocking(s->sock.get()) < 0) {
+      SIWX_LOG(kDebug, "cannot watch address changes over netlink; each address lookup "
+                       "reads the interfaces");
+      return true;
+    }
+    socket_ = std::move(s);
+    return true;  // nothing was known before the subscription
+  }
+  bool changed = false;
+  for (;;) {
+    sockaddr_nl from{};
+    unsigned char* buf = nullptr;
+    const int n = nl_recv(socket_->sock.get(), &from, &buf, nullptr);
+    std::free(buf);
+    if (n == -NLE_AGAIN) return changed;
+    if (n <= 0) return true;  // overflow (notifications lost) or a broken socket
+    changed = true;
+  }
 }
 
 }  // namespace siwx::shim

@@ -12,11 +12,14 @@
 // StartNetdevMonitor listens for link and address changes (RTNLGRP_LINK and
 // the IPv4/IPv6 address groups) on its own thread and calls back after each
 // batch of notifications; the callback re-reads the interfaces.
+// AddressChanges notices the same notifications without a thread, for the
+// CM's cache of which interface has which address.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -44,5 +47,28 @@ bool LinkIsUp(unsigned int ifflags, std::uint8_t operstate);
 // runs the application's handlers. The thread runs until the process exits:
 // a preloaded library has no safe point to stop it.
 bool StartNetdevMonitor(std::function<void()> on_change);
+
+// Tells whether the kernel announced a link or address change since the
+// last call: a non-blocking rtnetlink socket subscribed to the groups above,
+// drained on each call. The kernel queues a notification before the request
+// that made the change returns, so a change made before a call is seen by
+// it. In a forked child the socket is opened afresh (the inherited one is
+// the parent's to read). Not thread-safe.
+class AddressChanges {
+ public:
+  AddressChanges();
+  ~AddressChanges();
+  AddressChanges(const AddressChanges&) = delete;
+  AddressChanges& operator=(const AddressChanges&) = delete;
+
+  // True if anything changed, or if it cannot tell: the first call, no
+  // netlink, notifications lost to a full socket buffer.
+  bool ChangedSinceLastCall();
+
+ private:
+  struct Socket;
+  std::unique_ptr<Socket> socket_;
+  int owner_pid_ = 0;
+};
 
 }  // namespace siwx::shim

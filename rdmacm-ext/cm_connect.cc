@@ -72,6 +72,7 @@ void Core::StartInitiatorMpa(CmId* id) {
     Post(id, RDMA_CM_EVENT_CONNECT_ERROR, -EINVAL);
     return;
   }
+  ArmTimers(id);
   id->state = IdState::kMpaStartup;
   Drive(id, false);
 }
@@ -112,6 +113,10 @@ int Core::Connect(rdma_cm_id* pub, const rdma_conn_param* param) {
     id->failure_code = SIWX_CM_FAILURE_NONE;
     if (id->tos) (void)net::SetTos(id->fd, id->pub.route.addr.src_addr.sa_family, *id->tos);
     (void)net::SetNoDelay(id->fd);
+    // As Linux siw does for each socket it connects: the connection's
+    // TIME_WAIT then never keeps a later listener from this port. Set after
+    // the bind, so a port-0 bind still took a port nobody uses.
+    (void)net::SetReuseAddr(id->fd, true);
     const std::optional<net::SockAddr> dst = net::SockAddr::From(&id->pub.route.addr.dst_addr);
     const int rc = dst ? net::ConnectTo(id->fd, *dst) : EINVAL;
     sync = id->sync;
@@ -120,6 +125,7 @@ int Core::Connect(rdma_cm_id* pub, const rdma_conn_param* param) {
     } else if (rc == EINPROGRESS) {
       id->state = IdState::kTcpConnecting;
       id->connect_deadline = Clock::now() + id->options.connect_timeout;
+      ArmTimers(id);
       UpdateInterest(id);
       Wake();
     } else {
@@ -170,6 +176,7 @@ int Core::Accept(rdma_cm_id* pub, const rdma_conn_param* param) {
       s = id->mpa.negotiator->Accept(NowMpa(Clock::now()), pd, id->mpa.ird, id->mpa.ord);
     }
     if (s != mpa::NegotiatorStatus::kOk) return EINVAL;
+    ArmTimers(id);
     ReleaseBacklogSlot(id);
     id->state = IdState::kMpaStartup;
     sync = id->sync;

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cassert>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -121,6 +122,8 @@ void Core::AfterForkInChild() {
   channels_.clear();
   events_.clear();
   lingers_.clear();
+  next_timer_ = TimePoint::max();
+  held_.clear();
   half_open_.clear();
   notes_.clear();
   ack_waiters_.clear();
@@ -494,6 +497,7 @@ void Core::DestroyLocked(CmId* id) {
   if (id->sync && id->channel != nullptr) FreeChannel(id->channel);
   ids_.erase(&id->pub);
   by_handle_.erase(id->handle);
+  held_.erase(id->handle);
   --live_ids_;
   // Events the application holds still point at it (event->id).
   id->destroyed = true;
@@ -755,6 +759,7 @@ void Core::MoveToLinger(CmId* id, ByteSpan out) {
   l.fd = id->fd;
   l.out.assign(out.begin(), out.end());
   l.deadline = Clock::now() + kLingerTime;
+  ArmTimer(l.deadline);
   id->fd = -1;
   id->registered = false;
   id->interest = 0;
@@ -909,6 +914,7 @@ void Core::BackOffAccepting(CmId* listener, int error) {
   listener->listen.accept_backoff =
       first ? kAcceptBackoffMin : std::min(listener->listen.accept_backoff * 2, kAcceptBackoffMax);
   listener->listen.accept_retry_at = Clock::now() + listener->listen.accept_backoff;
+  ArmTimers(listener);
   listener->listen.half_open_pause = false;
   listener->listen.half_open_pause_peer.reset();
   if (first) {
@@ -971,6 +977,7 @@ void Core::AcceptPending(CmId* listener) {
       listener->listen.accept_retry_at = *pause_until;
       listener->listen.half_open_pause = true;
       listener->listen.half_open_pause_peer = peer;
+      ArmTimers(listener);
     }
     child->mpa.negotiator = std::make_unique<mpa::MpaNegotiator>(
         MakeNegotiatorConfig(child->options, mpa::MpaRole::kResponder, 0, 0));
@@ -981,6 +988,7 @@ void Core::AcceptPending(CmId* listener) {
       DestroyLocked(child);
       continue;
     }
+    ArmTimers(child);
     child->state = IdState::kMpaStartup;
     half_open_.push_back(child->handle);
     SIWX_LOG(kDebug, "CEP[%llu] TCP connection from %s on CEP[%llu]",
@@ -995,15 +1003,19 @@ void Core::AcceptPending(CmId* listener) {
 
 void Core::OnTimers(TimePoint now) {
   ReleaseHeldDisconnects(now);
+  if (now < next_timer_) return;
+  // Everything not due now is armed again, as it is found.
+  next_timer_ = TimePoint::max();
   // Handles, not pointers: handling one expiry may destroy an id.
   std::vector<std::uint64_t> due;
   for (auto& [handle, id] : by_handle_) {
-    const bool connect_due = id->connect_deadline && *id->connect_deadline <= now;
-    const bool mpa_due = id->mpa.negotiator != nullptr && id->mpa.negotiator->Deadline() &&
-                         FromMpa(*id->mpa.negotiator->Deadline()) <= now;
-    const bool flush_due = id->mpa.flush_deadline && *id->mpa.flush_deadline <= now;
-    const bool accept_due = id->listen.accept_retry_at && *id->listen.accept_retry_at <= now;
-    if (connect_due || mpa_due || flush_due || accept_due) due.push_back(handle);
+    const std::optional<TimePoint> deadline = EarliestDeadline(id);
+    if (!deadline) continue;
+    if (*deadline <= now) {
+      due.push_back(handle);
+    } else {
+      ArmTimer(*deadline);
+    }
   }
   for (std::uint64_t handle : due) {
     const auto it = by_handle_.find(handle);
@@ -1020,6 +1032,7 @@ void Core::OnTimers(TimePoint now) {
           id->listen.accept_retry_at = *later;
           id->listen.half_open_pause = true;
           id->listen.half_open_pause_peer = over;
+          ArmTimers(id);
           continue;
         }
       }
@@ -1035,10 +1048,17 @@ void Core::OnTimers(TimePoint now) {
       id->mpa.negotiator->OnTime(NowMpa(now));
       ProcessNegotiatorEvents(id);
     }
+    // One expiry is handled per turn; any other deadline of the id stays armed.
+    const auto still = by_handle_.find(handle);
+    if (still != by_handle_.end()) ArmTimers(still->second);
   }
   std::vector<std::uint64_t> expired;
   for (auto& [handle, l] : lingers_) {
-    if (l.deadline <= now) expired.push_back(handle);
+    if (l.deadline <= now) {
+      expired.push_back(handle);
+    } else {
+      ArmTimer(l.deadline);
+    }
   }
   for (std::uint64_t handle : expired) {
     Linger& l = lingers_[handle];
@@ -1048,27 +1068,45 @@ void Core::OnTimers(TimePoint now) {
   }
 }
 
-int Core::NextTimeoutMs(TimePoint now) {
-  std::optional<TimePoint> next;
+void Core::ArmTimer(TimePoint deadline) { next_timer_ = std::min(next_timer_, deadline); }
+
+void Core::ArmTimers(const CmId* id) {
+  if (const std::optional<TimePoint> deadline = EarliestDeadline(id)) ArmTimer(*deadline);
+}
+
+std::optional<TimePoint> Core::EarliestDeadline(const CmId* id) {
+  std::optional<TimePoint> earliest;
   auto consider = [&](TimePoint t) {
-    if (!next || t < *next) next = t;
+    if (!earliest || t < *earliest) earliest = t;
   };
-  for (auto& [handle, id] : by_handle_) {
-    if (id->connect_deadline) consider(*id->connect_deadline);
-    if (id->mpa.flush_deadline) consider(*id->mpa.flush_deadline);
-    if (id->listen.accept_retry_at) consider(*id->listen.accept_retry_at);
-    if (id->mpa.negotiator != nullptr && id->mpa.negotiator->Deadline()) {
-      consider(FromMpa(*id->mpa.negotiator->Deadline()));
-    }
+  if (id->connect_deadline) consider(*id->connect_deadline);
+  if (id->mpa.flush_deadline) consider(*id->mpa.flush_deadline);
+  if (id->listen.accept_retry_at) consider(*id->listen.accept_retry_at);
+  if (id->mpa.negotiator != nullptr && id->mpa.negotiator->Deadline()) {
+    consider(FromMpa(*id->mpa.negotiator->Deadline()));
   }
-  for (auto& [handle, l] : lingers_) consider(l.deadline);
+  return earliest;
+}
+
+int Core::NextTimeoutMs(TimePoint now) {
+#ifndef NDEBUG
+  // Every deadline set must have been armed.
   for (auto& [handle, id] : by_handle_) {
+    const std::optional<TimePoint> deadline = EarliestDeadline(id);
+    assert(!deadline || next_timer_ <= *deadline);
+  }
+  for (auto& [handle, l] : lingers_) assert(next_timer_ <= l.deadline);
+#endif
+  TimePoint next = next_timer_;
+  for (std::uint64_t handle : held_) {
+    const auto it = by_handle_.find(handle);
+    if (it == by_handle_.end() || !it->second->stream.held_until) continue;
     // Polling by the application is not an event here: look again soon.
-    if (id->stream.held_until) consider(std::min(*id->stream.held_until, now + kDisconnectRecheck));
+    next = std::min({next, *it->second->stream.held_until, now + kDisconnectRecheck});
   }
-  if (!next) return -1;
-  if (*next <= now) return 0;
-  const auto ms = std::chrono::ceil<std::chrono::milliseconds>(*next - now).count();
+  if (next == TimePoint::max()) return -1;
+  if (next <= now) return 0;
+  const auto ms = std::chrono::ceil<std::chrono::milliseconds>(next - now).count();
   return static_cast<int>(std::min<std::int64_t>(ms, 60000));
 }
 

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 #include "rdmacm-ext/cm_devices.h"
 
+#include <netinet/in.h>
+
 #include <algorithm>
 #include <cstring>
 #include <string_view>
@@ -11,6 +13,15 @@ namespace siwx::cm {
 namespace {
 
 constexpr std::string_view kDevicePrefix = "siwx_";
+
+// Distinct addresses remembered at once; more empties the list (a process
+// rarely uses more than a handful of local addresses).
+constexpr std::size_t kMaxKnownInterfaces = 64;
+
+std::uint32_t ScopeOf(const net::SockAddr& addr) {
+  if (addr.family() != AF_INET6) return 0;
+  return reinterpret_cast<const sockaddr_in6*>(&addr.storage)->sin6_scope_id;
+}
 
 }  // namespace
 
@@ -51,17 +62,35 @@ void DeviceRegistry::SyncLocked() {
   }
   // Devices stay referenced by their open contexts; the list itself can go.
   ibv_free_device_list(list);
+  // Address changes are watched from the first device on, and like the
+  // contexts for the rest of the process: one more descriptor.
+  if (!devices_.empty() && changes_.ChangedSinceLastCall()) interfaces_.clear();
+}
+
+std::optional<std::string> DeviceRegistry::InterfaceForLocked(const net::SockAddr& addr) {
+  if (changes_.ChangedSinceLastCall()) interfaces_.clear();
+  for (const KnownInterface& known : interfaces_) {
+    if (net::SameAddress(known.addr, addr) && ScopeOf(known.addr) == ScopeOf(addr)) {
+      return known.ifname;
+    }
+  }
+  std::optional<std::string> ifname = net::InterfaceForAddress(addr);
+  if (interfaces_.size() >= kMaxKnownInterfaces) interfaces_.clear();
+  interfaces_.push_back({addr.Unmapped(), ifname});
+  return ifname;
 }
 
 DeviceLookup DeviceRegistry::ForAddress(const net::SockAddr& addr) {
   DeviceLookup out;
   if (addr.IsWildcard()) return out;  // a wildcard bind has no device (stock: verbs NULL)
-  const std::optional<std::string> ifname = net::InterfaceForAddress(addr);
   std::lock_guard lock(mu_);
-  if (!synced_) {
+  if (!synced_ || devices_.empty()) {
     SyncLocked();
     synced_ = true;
   }
+  // CM-only mode: no address has a device, and nothing needs looking up.
+  if (devices_.empty()) return out;
+  const std::optional<std::string> ifname = InterfaceForLocked(addr);
   for (int pass = 0; pass < 2 && ifname; ++pass) {
     for (const Device& d : devices_) {
       if (d.ifname == *ifname) {

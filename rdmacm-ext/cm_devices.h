@@ -7,7 +7,10 @@
 // Devices come from ibv_get_device_list(), which the siwx shim supplies; a
 // siwx device is named siwx_<ifname> and serves the addresses of that
 // interface. An address maps to its interface by exact match (getifaddrs),
-// 127/8 to the loopback interface. (Core::BindAddr does not look loopback
+// 127/8 to the loopback interface. The answers are kept until the kernel
+// announces a link or address change (shim::AddressChanges): getifaddrs dumps
+// every link and address over netlink, and a wildcard listener asks once per
+// connection. (Core::BindAddr does not look loopback
 // addresses up: a loopback bind names no device, as in the kernel CM.)
 //
 // CM-only mode: when the process has no siwx device at all (no shim loaded,
@@ -24,9 +27,11 @@
 
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "kernel-shim/netdev.h"
 #include "rdmacm-ext/cm_socket.h"
 
 namespace siwx::cm {
@@ -63,11 +68,18 @@ class DeviceRegistry {
     ibv_pd* pd = nullptr;
     DeviceLimits limits;
   };
+  struct KnownInterface {
+    net::SockAddr addr;
+    std::optional<std::string> ifname;  // nullopt: no interface has the address
+  };
   void SyncLocked();
+  std::optional<std::string> InterfaceForLocked(const net::SockAddr& addr);
 
   std::mutex mu_;
   std::vector<Device> devices_;  // guarded by mu_; never shrinks
   bool synced_ = false;          // guarded by mu_
+  shim::AddressChanges changes_;            // guarded by mu_
+  std::vector<KnownInterface> interfaces_;  // guarded by mu_; emptied on any change
 };
 
 }  // namespace siwx::cm

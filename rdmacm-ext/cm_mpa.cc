@@ -236,6 +236,7 @@ void Core::OnMpaEstablished(CmId* id) {
   LogEstablished(id);
   id->state = IdState::kFlushing;
   id->mpa.flush_deadline = Clock::now() + id->options.mpa_timeout;
+  ArmTimers(id);
   // Drive() writes what is left (the Reply, or the Rtr frame) and then
   // calls FinishHandover().
 }

@@ -122,6 +122,7 @@ void Core::DrainStreamNotes() {
     // lose them with it. So DISCONNECTED waits for them to be polled.
     if (!id->stream.disconnect_posted && HasUnpolledCompletions(id)) {
       id->stream.held_until = Clock::now() + kDisconnectHold;
+      held_.insert(id->handle);
       id->stream.held_error = error;
       SIWX_LOG(kDebug, "CEP[%llu] DISCONNECTED held until the QP's completions are polled",
                static_cast<unsigned long long>(id->handle));
@@ -144,14 +145,15 @@ bool Core::HasUnpolledCompletions(CmId* id) {
 }
 
 void Core::ReleaseHeldDisconnects(TimePoint now) {
-  // Handles, not pointers, as in OnTimers.
-  std::vector<std::uint64_t> held;
-  for (auto& [handle, id] : by_handle_) {
-    if (id->stream.held_until) held.push_back(handle);
-  }
+  // Handles, not pointers, as in OnTimers; a copy, as PeerClosed may
+  // destroy ids.
+  const std::vector<std::uint64_t> held(held_.begin(), held_.end());
   for (std::uint64_t handle : held) {
     const auto it = by_handle_.find(handle);
-    if (it == by_handle_.end()) continue;
+    if (it == by_handle_.end() || !it->second->stream.held_until) {
+      held_.erase(handle);
+      continue;
+    }
     CmId* id = it->second;
     const bool expired = *id->stream.held_until <= now;
     if (!expired && !id->stream.disconnect_posted && HasUnpolledCompletions(id)) continue;
@@ -161,6 +163,7 @@ void Core::ReleaseHeldDisconnects(TimePoint now) {
                static_cast<long long>(kDisconnectHold.count()));
     }
     id->stream.held_until.reset();
+    held_.erase(handle);
     PeerClosed(id, id->stream.held_error);  // posts nothing after rdma_disconnect
   }
 }

@@ -270,6 +270,34 @@ TEST_F(CmConnect, RequestDestroyedUnansweredAndPeerGoneBeforeAccept) {
   ExpectNoLeaks();
 }
 
+TEST_F(CmConnect, APortAConnectionLeftFromCanBeListenedOnOnceItIsClosed) {
+  // Linux siw sets SO_REUSEADDR on each socket it connects (siw_cm.c,
+  // kernel_bindconnect: "make address available again asap"), so the
+  // TIME_WAIT of a closed connection never keeps a later listener from the
+  // port the connection left from. Without it, any fixed-port server could
+  // fail to start for a minute after an unrelated connection closed.
+  Listener l;
+  l.Start();
+  Client a;
+  a.Resolve(l.port);
+  rdma_cm_id* sa = Establish(l, a);
+  ASSERT_NE(sa, nullptr);
+  const std::uint16_t left_from = ntohs(rdma_get_src_port(a.id));
+  ASSERT_EQ(rdma_disconnect(a.id), 0);  // the client closes first: its side waits in TIME_WAIT
+  Expect(l.channel, RDMA_CM_EVENT_DISCONNECTED);
+  EXPECT_EQ(rdma_destroy_id(sa), 0);
+  a.Stop();
+  rdma_cm_id* id = nullptr;
+  ASSERT_EQ(rdma_create_id(l.channel, &id, nullptr, RDMA_PS_TCP), 0);
+  sockaddr_in addr = Loopback4(left_from);
+  errno = 0;
+  EXPECT_EQ(rdma_bind_addr(id, reinterpret_cast<sockaddr*>(&addr)), 0) << std::strerror(errno);
+  EXPECT_EQ(rdma_listen(id, 4), 0);
+  EXPECT_EQ(rdma_destroy_id(id), 0);
+  l.Stop();
+  ExpectNoLeaks();
+}
+
 TEST_F(CmConnect, APortIsFreeAgainWhenItsListenerIsGone) {
   // perftest -R: the control listener goes, its connection stays, and the
   // data listener binds the same port (the kernel CM allows it: connections
