@@ -17,7 +17,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
+#include <array>
+#include <cerrno>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -209,14 +210,17 @@ bool AddressChanges::ChangedSinceLastCall() {
     socket_ = std::move(s);
     return true;  // nothing was known before the subscription
   }
+  // The messages themselves do not matter, only that some came: read them
+  // raw into one buffer (nl_recv would allocate one per call, and this runs
+  // once per address lookup).
   bool changed = false;
+  std::array<std::uint8_t, 8192> buf;
   for (;;) {
-    sockaddr_nl from{};
-    unsigned char* buf = nullptr;
-    const int n = nl_recv(socket_->sock.get(), &from, &buf, nullptr);
-    std::free(buf);
-    if (n == -NLE_AGAIN) return changed;
-    if (n <= 0) return true;  // overflow (notifications lost) or a broken socket
+    const ssize_t n = ::recv(nl_socket_get_fd(socket_->sock.get()), buf.data(), buf.size(),
+                             MSG_DONTWAIT | MSG_TRUNC);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return changed;
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return true;  // ENOBUFS: notifications were lost; or a broken socket
     changed = true;
   }
 }

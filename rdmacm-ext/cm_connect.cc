@@ -127,7 +127,7 @@ int Core::Connect(rdma_cm_id* pub, const rdma_conn_param* param) {
       id->connect_deadline = Clock::now() + id->options.connect_timeout;
       ArmTimers(id);
       UpdateInterest(id);
-      Wake();
+      WakeForTimers();
     } else {
       FailConnect(id, rc);
     }
@@ -182,7 +182,7 @@ int Core::Accept(rdma_cm_id* pub, const rdma_conn_param* param) {
     sync = id->sync;
     ProcessNegotiatorEvents(id);
     Drive(id, false);
-    Wake();
+    WakeForTimers();
   }
   return sync ? WaitSync(pub) : 0;
 }

@@ -123,6 +123,7 @@ void Core::AfterForkInChild() {
   events_.clear();
   lingers_.clear();
   next_timer_ = TimePoint::max();
+  sleeping_with_timer_.reset();
   held_.clear();
   half_open_.clear();
   notes_.clear();
@@ -195,6 +196,11 @@ void Core::Wake() {
   if (wake_ != nullptr) wake_->Ring();
 }
 
+void Core::WakeForTimers() {
+  // Sockets need no wake: epoll_ctl wakes the loop for a ready one itself.
+  if (sleeping_with_timer_ && next_timer_ < *sleeping_with_timer_) Wake();
+}
+
 void Core::Run() {
   std::array<net::Poller::Event, 64> events;
   for (;;) {
@@ -205,10 +211,12 @@ void Core::Run() {
       if (stop_) return;
       timeout_ms = NextTimeoutMs(Clock::now());
       poller = poller_.get();
+      sleeping_with_timer_ = next_timer_;
     }
     // The poller lives until this thread is joined (StopLoopIfIdle).
     const int n = poller->Wait(events, timeout_ms);
     std::lock_guard lock(mu_);
+    sleeping_with_timer_.reset();
     if (stop_) return;
     for (int i = 0; i < n; ++i) {
       if (events[i].cookie == kWakeCookie) {
@@ -765,7 +773,7 @@ void Core::MoveToLinger(CmId* id, ByteSpan out) {
   id->interest = 0;
   // Try at once; the loop finishes what does not go out now.
   DriveLinger(handle, net::Poller::Event{handle, true, true, false});
-  Wake();
+  WakeForTimers();
 }
 
 void Core::DriveLinger(std::uint64_t handle, const net::Poller::Event& ev) {

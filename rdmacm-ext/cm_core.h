@@ -366,6 +366,8 @@ class Core {
   void StopLoopIfIdle();
   void Run();
   void Wake();
+  // Wakes the loop if it sleeps past a deadline armed since it went to sleep.
+  void WakeForTimers();
 
   // Everything below runs with mu_ held.
   CmId* FindId(rdma_cm_id* pub);
@@ -465,6 +467,7 @@ class Core {
   CoreTestHooks test_hooks_;                                      // mu_
   std::unordered_map<std::uint64_t, Linger> lingers_;             // mu_
   TimePoint next_timer_ = TimePoint::max();                       // mu_: see ArmTimers
+  std::optional<TimePoint> sleeping_with_timer_;  // mu_: next_timer_ while the loop sleeps
   std::set<std::uint64_t> held_;  // mu_: handles whose DISCONNECTED waits (stream.held_until)
   // Handles of half-open children in accept order; entries that stopped
   // being half-open are pruned lazily.
