@@ -121,16 +121,17 @@ int Core::Connect(rdma_cm_id* pub, const rdma_conn_param* param) {
     const int rc = dst ? net::ConnectTo(id->fd, *dst) : EINVAL;
     sync = id->sync;
     if (rc == 0) {
+      // Connected at once (loopback can be): the MPA Request's deadline runs.
       StartInitiatorMpa(id);
     } else if (rc == EINPROGRESS) {
       id->state = IdState::kTcpConnecting;
       id->connect_deadline = Clock::now() + id->options.connect_timeout;
       ArmTimers(id);
       UpdateInterest(id);
-      WakeForTimers();
     } else {
       FailConnect(id, rc);
     }
+    WakeForTimers();
   }
   return sync ? WaitSync(pub) : 0;
 }
