@@ -366,7 +366,8 @@ class Core {
   void StopLoopIfIdle();
   void Run();
   void Wake();
-  // Wakes the loop if it sleeps past a deadline armed since it went to sleep.
+  // Wakes the loop if it sleeps past a deadline armed since it went to
+  // sleep. With mu_ held.
   void WakeForTimers();
 
   // Everything below runs with mu_ held.
