@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 # Connection setup and teardown rate (issue 10: >= 2,000 per second):
 # rdma-core's cmtime with both ends under siwx-run on loopback, N rounds,
-# printing each round's per-connection steps and the medians.
+# printing each round's per-connection steps and the median of the totals.
 #
 #   benchmarks/cmtime_rate.sh [--rounds N] [--connections C] [--siwx-run PATH]
 #
@@ -36,28 +36,28 @@ else
   echo "note: not root, so rounds share this network namespace (see the header of $0)" >&2
 fi
 
-# One round: server and client on port 7471 of 127.0.0.1; prints cmtime's table.
+# One round: server and client on 127.0.0.1, port $1; prints cmtime's table.
 one_round() {
   "${isolate[@]}" bash -c '
-    siwx_run=$1; connections=$2
+    siwx_run=$1; connections=$2; port=$3
     ip link set lo up 2> /dev/null || true
-    port=7471
-    [ -n "${SIWX_CMTIME_PORT:-}" ] && port=$SIWX_CMTIME_PORT
     "$siwx_run" -- cmtime -p "$port" -c "$connections" > /dev/null 2>&1 &
     server=$!
     sleep 0.5
     timeout 120 "$siwx_run" -- cmtime -s 127.0.0.1 -p "$port" -c "$connections"
     status=$?
     kill "$server" 2> /dev/null; wait "$server" 2> /dev/null
-    exit $status' _ "$siwx_run" "$connections"
+    exit $status' _ "$siwx_run" "$connections" "$1"
 }
 
 results=$(mktemp)
 trap 'rm -f "$results"' EXIT
 echo "cmtime -c $connections on loopback, $rounds rounds ($(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg))"
 for r in $(seq 1 "$rounds"); do
-  if [ ${#isolate[@]} -eq 0 ]; then export SIWX_CMTIME_PORT=$((20000 + RANDOM % 10000)); fi
-  table=$(one_round) || { echo "round $r: cmtime failed" >&2; echo "$table" >&2; exit 1; }
+  # A namespace of its own has every port free; a shared one may not.
+  port=7471
+  if [ ${#isolate[@]} -eq 0 ]; then port=$((20000 + RANDOM % 10000)); fi
+  table=$(one_round "$port") || { echo "round $r: cmtime failed" >&2; echo "$table" >&2; exit 1; }
   # The last column is microseconds per connection for each step.
   echo "$table" | awk -v r="$r" -v out="$results" '
     /^(create id|resolve addr|resolve route|create qp|connect|disconnect|destroy)/ {
