@@ -156,8 +156,7 @@ void QpRx::OnReadableTurn(transport::TcpStream& stream) {
     // it. A stream of large FPDUs so stays at one recvmsg per FPDU and no
     // copy. With markers every demand stops at the next marker (at most 512
     // octets apart): staged.
-    const bool large_fpdu = !params_.rx_markers && (payload_length_ >= kDirectPlacementMin ||
-                                                    last_fpdu_large_);
+    const bool large_fpdu = !params_.rx_markers && (LargeFpdu() || last_fpdu_large_);
     const bool direct = demand.kind == mpa::RxDemand::Kind::kPayload &&
                         segment_ != Segment::kTerminate &&
                         (demand.length >= kDirectPlacementMin || large_fpdu);
@@ -292,7 +291,7 @@ std::size_t QpRx::TailGuess() const {
   // The small FPDU that ends a large message, whole: one recvmsg fewer per
   // message. When a large FPDU comes instead, that many octets of its
   // payload are copied out of the staging buffer.
-  if (payload_length_ >= kDirectPlacementMin) guess += small_follower_octets_;
+  if (LargeFpdu()) guess += small_follower_octets_;
   return std::min(guess, staging_.size());
 }
 
@@ -534,7 +533,7 @@ void QpRx::OnFpduComplete() {
                     ((segment_ == Segment::kReadResponse || segment_ == Segment::kSend) &&
                      !header_.last));
   if (!keeps_pin) ReleasePin();
-  const bool large = payload_length_ >= kDirectPlacementMin;
+  const bool large = LargeFpdu();
   if (last_fpdu_large_ && !large) {
     const std::size_t octets = mpa::UnmarkedFpduLength(ulpdu_length_);
     small_follower_octets_ = octets <= kSmallFollowerMax ? octets : 0;

@@ -189,6 +189,8 @@ class QpRx {
   void PlacementFaulted();
   std::size_t TailGuess() const;
   std::size_t Staged() const { return staged_end_ - staged_begin_; }
+  // The current FPDU's payload is placed directly (kDirectPlacementMin).
+  bool LargeFpdu() const { return payload_length_ >= kDirectPlacementMin; }
 
   QpForRx& qp_;
   bool started_ = false;

@@ -31,6 +31,9 @@ namespace {
 enum class Traffic { kLargeWrite, kManySends, kLargeWriteNoDisconnect, kManySendsNoDisconnect };
 
 bool IsSends(Traffic t) { return t == Traffic::kManySends || t == Traffic::kManySendsNoDisconnect; }
+bool Disconnects(Traffic t) {
+  return t != Traffic::kLargeWriteNoDisconnect && t != Traffic::kManySendsNoDisconnect;
+}
 
 std::string TrafficName(const ::testing::TestParamInfo<Traffic>& p) {
   switch (p.param) {
@@ -116,9 +119,7 @@ TEST_P(OrderlyDestroyTest, SlowPeerGetsEverythingTcpHeld) {
   ASSERT_EQ(ioctl(fds[0], SIOCOUTQ, &unsent), 0);
   ASSERT_GT(unsent, 0) << "the receiver's kernel took everything: nothing is in flight";
 
-  const bool disconnect =
-      traffic != Traffic::kLargeWriteNoDisconnect && traffic != Traffic::kManySendsNoDisconnect;
-  if (disconnect) {
+  if (Disconnects(traffic)) {
     ASSERT_TRUE(sender.qp->Disconnect());
   }
   sender.qp->Destroy();  // at once, as rdma_disconnect + rdma_destroy_qp do
