@@ -249,6 +249,7 @@ std::size_t CompletionQueue::PollWithProgress(std::span<WorkCompletion> out) {
   if (n > 0) {
     tls_empty_polls = 0;
     ResetPollWait();
+    if (answer_awaited_.load(std::memory_order_relaxed)) AwaitAnswers();
   }
   if (n > 0 || out.empty() || tls_driving) return n;
   // Yield before the drivers' turns, so a thread that gets its CPU back
@@ -314,6 +315,16 @@ void CompletionQueue::FlushOwedTx() {
   if (!tx_owed_.exchange(false, std::memory_order_acq_rel)) return;
   tls_driving = true;
   for (PollDriver* driver : drivers_) driver->FlushOwedTx();
+  tls_driving = false;
+}
+
+void CompletionQueue::AwaitAnswers() {
+  if (tls_driving) return;  // a callback inside a driver's turn
+  std::unique_lock lock(drivers_mutex_, std::try_to_lock);
+  if (!lock.owns_lock()) return;  // another thread drives
+  if (!answer_awaited_.exchange(false, std::memory_order_acq_rel)) return;
+  tls_driving = true;
+  for (PollDriver* driver : drivers_) driver->AwaitAnswer(*this);
   tls_driving = false;
 }
 

@@ -152,6 +152,11 @@ class PollDriver {
   // instead of on the CQ, for at most `max`. True if it slept: the CQ then
   // gives it a turn at once. Default: it cannot (the CQ's own wait follows).
   virtual bool WaitForInput(std::chrono::nanoseconds /*max*/) { return false; }
+  // Asked after a poll of `polled` returned completions, when this driver
+  // said it awaits an answer (CompletionQueue::NoteAnswerAwaited): the
+  // polling thread may wait for it here, reading the driver's input itself,
+  // before the poll returns. Default: nothing to wait for.
+  virtual void AwaitAnswer(const CompletionQueue& /*polled*/) {}
 };
 
 enum class PushStatus : std::uint8_t {
@@ -264,6 +269,10 @@ class CompletionQueue {
   // (Qp::PostSendList coalesces back-to-back posts): the next Poll, on any
   // thread, first has every driver transmit it (PollDriver::FlushOwedTx).
   void NoteTxOwed() { tx_owed_.store(true, std::memory_order_release); }
+  // A driver's last post expects an answer that its application waits for
+  // outside verbs: the next poll that returns completions lets the drivers
+  // wait for it (PollDriver::AwaitAnswer).
+  void NoteAnswerAwaited() { answer_awaited_.store(true, std::memory_order_release); }
   // Poll calls so far (any thread): a post that sees no change since the
   // previous one follows it back to back.
   std::uint64_t polls() const { return polls_.load(std::memory_order_relaxed); }
@@ -313,6 +322,9 @@ class CompletionQueue {
   void WakeWaiters();
   // Poll: the drivers' owed transmits (NoteTxOwed).
   void FlushOwedTx();
+  // PollWithProgress, after a poll that returned completions: the drivers'
+  // awaited answers (NoteAnswerAwaited).
+  void AwaitAnswers();
 
   const std::uint32_t capacity_;
   const Callbacks callbacks_;
@@ -348,6 +360,7 @@ class CompletionQueue {
   std::atomic<std::size_t> driver_count_{0};  // drivers_.size(), read without the mutex
   std::size_t next_driver_ = 0;       // guarded by drivers_mutex_; next to drive
   std::atomic<bool> tx_owed_{false};
+  std::atomic<bool> answer_awaited_{false};  // NoteAnswerAwaited
   std::atomic<std::uint64_t> polls_{0};
 };
 

@@ -78,6 +78,12 @@ inline constexpr std::chrono::milliseconds kDefaultTeardownTimeout{10000};
 // Longest progress_spin (SIWX_PROGRESS_SPIN_US).
 inline constexpr std::chrono::microseconds kMaxProgressSpin{1000};
 
+// How long a poll that returns the completion of a ping-pong post may read
+// the stream for its answer (SIWX_ANSWER_SPIN_US; Qp::AwaitAnswer), and the
+// most it may be set to.
+inline constexpr std::chrono::microseconds kDefaultAnswerSpin{50};
+inline constexpr std::chrono::microseconds kMaxAnswerSpin{1000};
+
 // Posts made back to back (no poll of the QP's CQs in between) are sent
 // together, in one sendmsg, up to this many payload octets
 // (SIWX_TX_COALESCE_KIB; Qp::PostSendList, docs/performance-notes.md 3.13).
@@ -123,6 +129,10 @@ struct EngineConfig {
   // poll, a larger post or a short timer instead of one sendmsg each (0:
   // every post transmits at once). Wire octets are the same either way.
   std::size_t tx_coalesce_octets = kDefaultTxCoalesceOctets;
+  // Up to how long a poll of the send CQ that returns the completion of a
+  // ping-pong post reads the QP's stream itself for the answer before it
+  // returns (Qp::AwaitAnswer; 0: never). Adaptive: see there.
+  std::chrono::microseconds answer_spin = kDefaultAnswerSpin;
 };
 
 enum class CreateQpStatus : std::uint8_t {
@@ -223,6 +233,7 @@ class Engine {
   }
   std::chrono::milliseconds teardown_timeout() const { return config_.teardown_timeout; }
   std::size_t tx_coalesce_octets() const { return config_.tx_coalesce_octets; }
+  std::chrono::nanoseconds answer_spin() const { return config_.answer_spin; }
   // Submits and waits until it ran, unless on the progress thread or the
   // engine is stopping (then it only submits).
   void SubmitAndWait(Command command);

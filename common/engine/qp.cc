@@ -448,6 +448,7 @@ PostStatus Qp::PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* p
   quiet_mark_.store(~std::uint64_t{0}, std::memory_order_relaxed);
   bool alone = false;  // a ping-pong post (placement)
   bool coalesce = false;  // transmit later, with the posts that follow
+  std::uint64_t answer_fpdus = 0;  // counters_.rx_fpdus when it was posted
   if (destroyed_.load(std::memory_order_acquire)) {
     status = PostStatus::kInvalidState;
   } else {
@@ -511,6 +512,7 @@ PostStatus Qp::PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* p
     const std::uint64_t fpdus_in = counters_.rx_fpdus.load(std::memory_order_relaxed);
     const bool answer = fpdus_in != rx_fpdus_at_post_;
     alone = count > 0 && sq_.size() == count && answer;
+    answer_fpdus = fpdus_in;
     if (count > 0) rx_fpdus_at_post_ = fpdus_in;
     // Something came in since the last post: maybe the post answers it (a
     // ping-pong whose earlier unsignaled WRs are still in the SQ), so it
@@ -524,6 +526,7 @@ PostStatus Qp::PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* p
   if (count > 0 && read_lease_until_.load(std::memory_order_relaxed) == 0) {
     if (alone) {
       engine_->NoteApplicationCpu();
+      ArmAnswerSpin(answer_fpdus);
     } else {
       engine_->ClearApplicationCpu();
     }
@@ -1369,6 +1372,101 @@ bool Qp::WaitForInput(std::chrono::nanoseconds max) {
   transport::WaitReadableFor(fd, sleep);
   poll_idle_until_.store(0, std::memory_order_relaxed);
   return true;
+}
+
+void Qp::ArmAnswerSpin(std::uint64_t fpdus_in) {
+  const auto max = engine_->answer_spin();
+  if (max <= std::chrono::nanoseconds::zero() || engine_->OnProgressThread() ||
+      config_.send_cq->armed() || config_.recv_cq->armed()) {
+    return;  // off, or an application that sleeps on a completion channel
+  }
+  using Clock = std::chrono::steady_clock;
+  const Clock::rep now = Clock::now().time_since_epoch().count();
+  const Clock::rep previous = last_pingpong_post_.exchange(now, std::memory_order_relaxed);
+  const auto cadence = std::chrono::duration_cast<Clock::duration>(2 * max).count();
+  if (previous != 0 && now - previous <= cadence) {
+    answer_budget_ns_.store(max.count(), std::memory_order_relaxed);
+  }
+  if (answer_budget_ns_.load(std::memory_order_relaxed) <= 0) return;
+  answer_mark_.store(fpdus_in, std::memory_order_relaxed);
+  answer_armed_.store(true, std::memory_order_release);
+  config_.send_cq->NoteAnswerAwaited();
+}
+
+void Qp::AwaitAnswer(const CompletionQueue& polled) {
+  if (&polled != config_.send_cq || !answer_armed_.exchange(false, std::memory_order_acq_rel)) {
+    return;
+  }
+  if (destroyed_.load(std::memory_order_acquire) || tls_rx_driver != nullptr ||
+      engine_->OnProgressThread() || !ProcessesInbound(state_.state())) {
+    return;
+  }
+  const std::uint64_t mark = answer_mark_.load(std::memory_order_relaxed);
+  if (counters_.rx_fpdus.load(std::memory_order_relaxed) != mark) return;  // already in
+  const std::int64_t budget = answer_budget_ns_.load(std::memory_order_relaxed);
+  if (budget <= 0) return;
+  // Read interest off for the spin (as a read lease, but without its timer:
+  // the spin ends here, whatever happens).
+  bool took_interest = false;
+  {
+    std::lock_guard lock(poll_mutex_);
+    if (!polled_ || read_closed_) return;
+    if (!read_leased_) {
+      if (ApplyPollInterest(false, want_write_) != 0) return;
+      read_leased_ = true;
+      took_interest = true;
+    }
+  }
+  answer_spins_.fetch_add(1, std::memory_order_relaxed);
+  using Clock = std::chrono::steady_clock;
+  const auto until = Clock::now() + std::chrono::nanoseconds(budget);
+  bool caught = false;
+  while (!caught) {
+    {
+      std::unique_lock rx_lock(rx_mutex_, std::try_to_lock);
+      if (rx_lock.owns_lock()) {
+        if (!attached_ || finalized_ || detached_ || !stream_) break;
+        tls_rx_driver = this;
+        rx_.OnReadable(*stream_);
+        tls_rx_driver = nullptr;
+      }
+    }
+    caught = counters_.rx_fpdus.load(std::memory_order_relaxed) != mark;
+    if (!caught && Clock::now() >= until) break;
+  }
+  if (caught) {
+    answers_caught_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    answer_budget_ns_.store(budget / 2, std::memory_order_relaxed);
+  }
+  if (took_interest) {
+    bool lost = false;
+    std::optional<Clock::time_point> lease_check;
+    {
+      std::lock_guard lock(poll_mutex_);
+      if (!read_leased_) return;  // ended meanwhile (an armed CQ, the stream)
+      const Clock::rep lease_until = read_lease_until_.load(std::memory_order_relaxed);
+      if (lease_until != 0) {
+        // A driving poll extended the lease during the spin, finding
+        // interest already off: from now on it is that lease, with the
+        // progress thread's look at its end (ExtendReadLease).
+        lease_check_at_ = Clock::time_point(Clock::duration(lease_until));
+        lease_check_interval_ = kReadLease;
+        lease_check = lease_check_at_;
+      } else {
+        lost = polled_ && !read_closed_ && ApplyPollInterest(true, want_write_) != 0;
+        read_leased_ = false;
+      }
+    }
+    if (lease_check) engine_->ScheduleTimer(shared_from_this(), *lease_check);
+    if (lost) {
+      ErrorReport report;
+      report.cause = rdmap::TerminateCause::MpaLocalCatastrophic();
+      report.event = AsyncEventType::kQpFatal;
+      report.abort = true;
+      RaiseError(report);
+    }
+  }
 }
 
 bool Qp::PollPushDue() {

@@ -340,6 +340,24 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // instead of the progress thread reading and waking it per push
   // (docs/performance-notes.md 3.16).
   bool WaitForInput(std::chrono::nanoseconds max) override;
+  // The answer spin (EngineConfig::answer_spin). A ping-pong post (alone in
+  // the SQ, after something came in) on a QP whose stream no CQ poll reads
+  // (no read lease: no receive or Read outstanding, so its application
+  // waits for the answer outside verbs, spinning on memory as ib_write_lat
+  // does) arms it. The next poll of the send CQ that returns completions
+  // then reads the stream itself, read interest off the progress thread's
+  // poller, until something comes in or the spin's budget runs out, and
+  // only then returns: the answer is placed by the thread that waits for it
+  // instead of by a progress thread woken per message (a wake-up across CPUs
+  // cost 8 us on one 2-vCPU VM; docs/performance-notes.md 3.26).
+  // Adaptive: a spin that ends with nothing halves the next; the full budget
+  // comes back when ping-pong posts follow each other within twice it.
+  void AwaitAnswer(const CompletionQueue& polled) override;
+  // Spins taken, and those that ended with something received (tests).
+  std::uint64_t answer_spins() const { return answer_spins_.load(std::memory_order_relaxed); }
+  std::uint64_t answers_caught() const {
+    return answers_caught_.load(std::memory_order_relaxed);
+  }
   // kSinkOctets came in since the last post, or the post rules of
   // PostSendList keep the QP a sink (StreamLeftToProgress, PollPushDue).
   bool IsSink() const;
@@ -696,6 +714,17 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // counters_.rx_fpdus at the last post (placement: a ping-pong post
   // follows something received). Guarded by queue_mutex_.
   std::uint64_t rx_fpdus_at_post_ = 0;
+  // The answer spin (AwaitAnswer): armed by a ping-pong post, with
+  // counters_.rx_fpdus then; its current budget (ns); when the last
+  // ping-pong post was made (steady_clock ticks). Posting and polling
+  // threads, relaxed: a race misjudges one spin.
+  void ArmAnswerSpin(std::uint64_t fpdus_in);
+  std::atomic<bool> answer_armed_{false};
+  std::atomic<std::uint64_t> answer_mark_{0};
+  std::atomic<std::int64_t> answer_budget_ns_{0};
+  std::atomic<std::chrono::steady_clock::rep> last_pingpong_post_{0};
+  std::atomic<std::uint64_t> answer_spins_{0};
+  std::atomic<std::uint64_t> answers_caught_{0};
   AtomicCounters own_counters_;
   AtomicCounters& counters_ = stats_slot_ != nullptr ? stats_slot_->counters : own_counters_;
 };

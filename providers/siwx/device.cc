@@ -110,6 +110,16 @@ std::chrono::microseconds ResponderSpin() {
   return spin;
 }
 
+// SIWX_ANSWER_SPIN_US (README, Configuration), read once per process: how
+// long a poll returning a ping-pong post's completion may read the stream
+// for its answer (Qp::AwaitAnswer; 0: never).
+std::chrono::microseconds AnswerSpin() {
+  static const std::chrono::microseconds spin(NumericSetting(
+      "SIWX_ANSWER_SPIN_US", 0, static_cast<long>(engine::kMaxAnswerSpin.count()),
+      static_cast<long>(engine::kDefaultAnswerSpin.count()), "microseconds"));
+  return spin;
+}
+
 // SIWX_PROGRESS_AFFINITY (README, Configuration), read once per process:
 // whether the progress thread keeps off the application's CPU
 // (engine/placement.h).
@@ -215,6 +225,7 @@ verbs_context* AllocContext(ibv_device* ibdev, int cmd_fd, void* /*private_data*
       config.teardown_timeout = TeardownTimeout();
       config.progress_spin = ProgressSpin();
       config.responder_spin = ResponderSpin();
+      config.answer_spin = AnswerSpin();
       config.tx_coalesce_octets = TxCoalesceOctets();
       config.progress_affinity = ProgressAffinity();
       errno = 0;
