@@ -21,20 +21,6 @@
 namespace siwx::engine::testing {
 namespace {
 
-// Polls with progress until `n` completions arrived or the deadline passed.
-std::vector<WorkCompletion> PollProgressFor(CompletionQueue& cq, std::size_t n,
-                                            std::chrono::milliseconds timeout = kWait) {
-  std::vector<WorkCompletion> out;
-  const auto deadline = Clock::now() + timeout;
-  std::array<WorkCompletion, 16> batch;
-  while (out.size() < n && Clock::now() < deadline) {
-    const std::size_t got = cq.PollWithProgress(
-        std::span<WorkCompletion>(batch.data(), std::min(batch.size(), n - out.size())));
-    out.insert(out.end(), batch.begin(), batch.begin() + static_cast<std::ptrdiff_t>(got));
-  }
-  return out;
-}
-
 // Holds an engine's progress thread: a QP of that engine whose receive CQ's
 // notification callback (which runs on the progress thread) waits until
 // Release. Its peer lives on another engine.

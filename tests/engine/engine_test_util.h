@@ -182,6 +182,20 @@ inline std::vector<WorkCompletion> WaitCompletions(CompletionQueue& cq, std::siz
   return out;
 }
 
+// Polls with progress until `n` completions arrived or the deadline passed.
+inline std::vector<WorkCompletion> PollProgressFor(CompletionQueue& cq, std::size_t n,
+                                                   std::chrono::milliseconds timeout = kWait) {
+  std::vector<WorkCompletion> out;
+  const auto deadline = Clock::now() + timeout;
+  std::array<WorkCompletion, 16> batch;
+  while (out.size() < n && Clock::now() < deadline) {
+    const std::size_t got = cq.PollWithProgress(
+        std::span<WorkCompletion>(batch.data(), std::min(batch.size(), n - out.size())));
+    out.insert(out.end(), batch.begin(), batch.begin() + static_cast<std::ptrdiff_t>(got));
+  }
+  return out;
+}
+
 // True if nothing arrives on `cq` for `quiet`.
 inline bool StaysEmpty(CompletionQueue& cq, std::chrono::milliseconds quiet) {
   std::this_thread::sleep_for(quiet);
@@ -208,6 +222,7 @@ struct NodeOptions {
   ProgressAffinity progress_affinity = ProgressAffinity::kAway;           // own engine only
   std::chrono::microseconds responder_spin = ResponderSpin::kDefaultMax;  // own engine only
   std::size_t tx_coalesce_octets = kDefaultTxCoalesceOctets;              // own engine only
+  std::chrono::microseconds answer_spin = kDefaultAnswerSpin;             // own engine only
   PdId pd = kNoPd;  // kNoPd: allocate one; else a PD of the shared engine
 };
 
@@ -221,6 +236,7 @@ struct Node {
       config.progress_affinity = options.progress_affinity;
       config.responder_spin = options.responder_spin;
       config.tx_coalesce_octets = options.tx_coalesce_octets;
+      config.answer_spin = options.answer_spin;
       own_engine = Engine::Create(std::move(config));
       engine = own_engine.get();
     } else {
