@@ -15,7 +15,9 @@
 // does nothing), unless an application thread that polls one of the QP's
 // CQs empty takes that turn itself (Qp::DriveFromPoll: a thread spinning in
 // ibv_poll_cq needs no wake-up of this one; while it drives, its read lease
-// keeps the socket's read interest off the poller); a receive turn kicks
+// keeps the socket's read interest off the poller), or one that polls its
+// send CQ after a ping-pong post waits for the answer there (Qp::AwaitAnswer,
+// EngineConfig::answer_spin, 3.26); a receive turn kicks
 // the transmit side for the Read Responses it owes on its own thread (or
 // leaves them to the gate's current owner). It continues transmitting when
 // a socket becomes writable (application threads transmit inline from

@@ -39,8 +39,10 @@
 //    (run-to-completion, so a busy-polling application needs no second
 //    runnable thread): PostSend transmits inline (unless the socket is
 //    known full while other streams of the engine wait too: then EPOLLOUT
-//    does, KickTxFromApplication), and polling either CQ
-//    empty gives the QP a receive turn (DriveFromPoll); a receive turn that
+//    does, KickTxFromApplication), polling either CQ
+//    empty gives the QP a receive turn (DriveFromPoll), and a poll of the
+//    send CQ that returns the completion of a ping-pong post reads until
+//    its answer came in (AwaitAnswer); a receive turn that
 //    owes Read Responses, or opened an ORD slot, transmits on its own
 //    thread too;
 //  - the engine's progress thread: the commands below (attach, finalize,
