@@ -1394,7 +1394,10 @@ void Qp::ArmAnswerSpin(std::uint64_t fpdus_in) {
 }
 
 void Qp::AwaitAnswer(const CompletionQueue& polled) {
-  if (&polled != config_.send_cq || !answer_armed_.exchange(false, std::memory_order_acq_rel)) {
+  // A load first: the other drivers of a CQ whose poll lets them wait
+  // write nothing shared.
+  if (&polled != config_.send_cq || !answer_armed_.load(std::memory_order_relaxed) ||
+      !answer_armed_.exchange(false, std::memory_order_acq_rel)) {
     return;
   }
   if (destroyed_.load(std::memory_order_acquire) || tls_rx_driver != nullptr ||
@@ -1459,13 +1462,7 @@ void Qp::AwaitAnswer(const CompletionQueue& polled) {
       }
     }
     if (lease_check) engine_->ScheduleTimer(shared_from_this(), *lease_check);
-    if (lost) {
-      ErrorReport report;
-      report.cause = rdmap::TerminateCause::MpaLocalCatastrophic();
-      report.event = AsyncEventType::kQpFatal;
-      report.abort = true;
-      RaiseError(report);
-    }
+    if (lost) ReadInterestLost();
   }
 }
 
@@ -1518,15 +1515,17 @@ void Qp::EndReadLease() {
     lost = polled_ && !read_closed_ && ApplyPollInterest(true, want_write_) != 0;
     read_leased_ = false;
   }
-  if (lost) {
-    // Without read interest nothing would read for an application that
-    // stops polling: the stream is lost.
-    ErrorReport report;
-    report.cause = rdmap::TerminateCause::MpaLocalCatastrophic();
-    report.event = AsyncEventType::kQpFatal;
-    report.abort = true;
-    RaiseError(report);
-  }
+  if (lost) ReadInterestLost();
+}
+
+void Qp::ReadInterestLost() {
+  // Without read interest nothing would read for an application that
+  // stops polling: the stream is lost.
+  ErrorReport report;
+  report.cause = rdmap::TerminateCause::MpaLocalCatastrophic();
+  report.event = AsyncEventType::kQpFatal;
+  report.abort = true;
+  RaiseError(report);
 }
 
 bool Qp::ReadsOutstanding() const {

@@ -675,6 +675,9 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // Any thread: read interest back (level-triggered: data that came during
   // the lease wakes the progress thread at once).
   void EndReadLease();
+  // Read interest could not be put back (EndReadLease, AwaitAnswer): the
+  // QP fails, as nothing would read its stream.
+  void ReadInterestLost();
 
   // Owned by the transmit-gate holder. `stream_` is set and reset only on the
   // progress thread while it holds the gate exclusively, so the gate holder
