@@ -73,6 +73,26 @@ class AnswerSpinTest : public ::testing::Test {
     ASSERT_TRUE(WaitUntil([&] { return a_->qp->Counters().rx_fpdus >= value; }));
   }
 
+  // After Round(1) and Round(2) (a's second ping-pong post gave the spin
+  // its budget): a's third ping-pong post, Write 3, then the poll that
+  // returns its completion, into `wcs`. b answers with Write 30 only once
+  // that poll spins (read interest is then off a's poller, so only the
+  // polling thread can place the answer). Returns what the poll returned.
+  std::size_t PostAndAwaitAnswer(std::span<WorkCompletion> wcs) {
+    EXPECT_EQ(a_->qp->PostSend(Write(3, *b_target_, b_key_)), PostStatus::kOk);
+    std::thread peer([&] {
+      const auto deadline = Clock::now() + kWait;
+      while (a_->qp->answer_spins() == 0 && Clock::now() < deadline) std::this_thread::yield();
+      EXPECT_TRUE(WaitUntil([&] { return b_->qp->Counters().rx_fpdus >= 3; }));
+      EXPECT_EQ(b_->qp->PostSend(Write(30, *a_target_, a_key_)), PostStatus::kOk);
+    });
+    std::size_t got = 0;
+    const auto deadline = Clock::now() + kWait;
+    while (got == 0 && Clock::now() < deadline) got = a_->send_cq->PollWithProgress(wcs);
+    peer.join();
+    return got;
+  }
+
   std::unique_ptr<Buffer> a_target_;
   std::unique_ptr<Buffer> b_target_;
   std::uint32_t a_key_ = 0;
@@ -84,22 +104,9 @@ class AnswerSpinTest : public ::testing::Test {
 TEST_F(AnswerSpinTest, APollReturnsOnlyOnceTheAnswerIsPlaced) {
   Start(kSpinUntilAnswered);
   Round(1);
-  Round(2);  // a's second ping-pong post: the spin has its budget
-  // a's third ping-pong post, then the poll that returns its completion;
-  // b answers only once that poll spins (read interest is then off a's
-  // poller, so only the polling thread can place the answer).
-  ASSERT_EQ(a_->qp->PostSend(Write(3, *b_target_, b_key_)), PostStatus::kOk);
-  std::thread peer([&] {
-    const auto deadline = Clock::now() + kWait;
-    while (a_->qp->answer_spins() == 0 && Clock::now() < deadline) std::this_thread::yield();
-    ASSERT_TRUE(WaitUntil([&] { return b_->qp->Counters().rx_fpdus >= 3; }));
-    ASSERT_EQ(b_->qp->PostSend(Write(30, *a_target_, a_key_)), PostStatus::kOk);
-  });
+  Round(2);
   std::array<WorkCompletion, 4> wcs;
-  std::size_t got = 0;
-  const auto deadline = Clock::now() + kWait;
-  while (got == 0 && Clock::now() < deadline) got = a_->send_cq->PollWithProgress(wcs);
-  peer.join();
+  const std::size_t got = PostAndAwaitAnswer(wcs);
   ASSERT_EQ(got, 1u);
   EXPECT_EQ(wcs[0].wr_id, 3u);
   EXPECT_EQ(wcs[0].status, WcStatus::kSuccess);
@@ -114,17 +121,8 @@ TEST_F(AnswerSpinTest, AfterACaughtAnswerTheProgressThreadReadsAgain) {
   Start(kSpinUntilAnswered);
   Round(1);
   Round(2);
-  ASSERT_EQ(a_->qp->PostSend(Write(3, *b_target_, b_key_)), PostStatus::kOk);
-  std::thread peer([&] {
-    const auto deadline = Clock::now() + kWait;
-    while (a_->qp->answer_spins() == 0 && Clock::now() < deadline) std::this_thread::yield();
-    ASSERT_EQ(b_->qp->PostSend(Write(30, *a_target_, a_key_)), PostStatus::kOk);
-  });
   std::array<WorkCompletion, 4> wcs;
-  std::size_t got = 0;
-  const auto deadline = Clock::now() + kWait;
-  while (got == 0 && Clock::now() < deadline) got = a_->send_cq->PollWithProgress(wcs);
-  peer.join();
+  ASSERT_EQ(PostAndAwaitAnswer(wcs), 1u);
   ASSERT_EQ(a_->qp->answers_caught(), 1u);
   const std::uint64_t fpdus = a_->qp->Counters().rx_fpdus;
 
