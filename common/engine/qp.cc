@@ -523,13 +523,18 @@ PostStatus Qp::PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* p
   if (flushed) RetireSq();
   // A ping-pong whose answer the progress thread places (no read lease): it
   // keeps off this CPU; a stream: no need (placement.h).
-  if (count > 0 && read_lease_until_.load(std::memory_order_relaxed) == 0) {
+  const bool leased = read_lease_until_.load(std::memory_order_relaxed) != 0;
+  if (count > 0 && !leased) {
     if (alone) {
       engine_->NoteApplicationCpu();
-      ArmAnswerSpin(answer_fpdus);
     } else {
       engine_->ClearApplicationCpu();
     }
+  }
+  // The answer spin follows the last post only.
+  if (count > 0 && !(alone && !leased && ArmAnswerSpin(answer_fpdus)) &&
+      answer_armed_.load(std::memory_order_relaxed)) {
+    answer_armed_.store(false, std::memory_order_relaxed);
   }
   if (coalesce) {
     coalesced_posts_.fetch_add(1, std::memory_order_relaxed);
@@ -1374,23 +1379,25 @@ bool Qp::WaitForInput(std::chrono::nanoseconds max) {
   return true;
 }
 
-void Qp::ArmAnswerSpin(std::uint64_t fpdus_in) {
+bool Qp::ArmAnswerSpin(std::uint64_t fpdus_in) {
   const auto max = engine_->answer_spin();
   if (max <= std::chrono::nanoseconds::zero() || engine_->OnProgressThread() ||
       config_.send_cq->armed() || config_.recv_cq->armed()) {
-    return;  // off, or an application that sleeps on a completion channel
+    return false;  // off, or an application that sleeps on a completion channel
   }
   using Clock = std::chrono::steady_clock;
   const Clock::rep now = Clock::now().time_since_epoch().count();
   const Clock::rep previous = last_pingpong_post_.exchange(now, std::memory_order_relaxed);
   const auto cadence = std::chrono::duration_cast<Clock::duration>(2 * max).count();
-  if (previous != 0 && now - previous <= cadence) {
+  // The first ping-pong post of the QP gets the full budget too.
+  if (previous == 0 || now - previous <= cadence) {
     answer_budget_ns_.store(max.count(), std::memory_order_relaxed);
   }
-  if (answer_budget_ns_.load(std::memory_order_relaxed) <= 0) return;
+  if (answer_budget_ns_.load(std::memory_order_relaxed) <= 0) return false;
   answer_mark_.store(fpdus_in, std::memory_order_relaxed);
   answer_armed_.store(true, std::memory_order_release);
   config_.send_cq->NoteAnswerAwaited();
+  return true;
 }
 
 void Qp::AwaitAnswer(const CompletionQueue& polled) {

@@ -353,7 +353,8 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // instead of by a progress thread woken per message (a wake-up across CPUs
   // cost 8 us on one 2-vCPU VM; docs/performance-notes.md 3.26).
   // Adaptive: a spin that ends with nothing halves the next; the full budget
-  // comes back when ping-pong posts follow each other within twice it.
+  // comes back when ping-pong posts follow each other within twice it (and
+  // the QP's first ping-pong post has it).
   void AwaitAnswer(const CompletionQueue& polled) override;
   // Spins taken, and those that ended with something received (tests).
   std::uint64_t answer_spins() const { return answer_spins_.load(std::memory_order_relaxed); }
@@ -723,7 +724,7 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // counters_.rx_fpdus then; its current budget (ns); when the last
   // ping-pong post was made (steady_clock ticks). Posting and polling
   // threads, relaxed: a race misjudges one spin.
-  void ArmAnswerSpin(std::uint64_t fpdus_in);
+  bool ArmAnswerSpin(std::uint64_t fpdus_in);  // true if it armed
   std::atomic<bool> answer_armed_{false};
   std::atomic<std::uint64_t> answer_mark_{0};
   std::atomic<std::int64_t> answer_budget_ns_{0};

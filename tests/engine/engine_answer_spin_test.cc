@@ -73,11 +73,12 @@ class AnswerSpinTest : public ::testing::Test {
     ASSERT_TRUE(WaitUntil([&] { return a_->qp->Counters().rx_fpdus >= value; }));
   }
 
-  // After Round(1) and Round(2) (a's second ping-pong post gave the spin
-  // its budget): a's third ping-pong post, Write 3, then the poll that
-  // returns its completion, into `wcs`. b answers with Write 30 only once
-  // that poll spins (read interest is then off a's poller, so only the
-  // polling thread can place the answer). Returns what the poll returned.
+  // After Round(1) and Round(2) (a's posts in them: the first of the
+  // connection, then a ping-pong post): a's next ping-pong post, Write 3,
+  // then the poll that returns its completion, into `wcs`. b answers with
+  // Write 30 only once that poll spins (read interest is then off a's
+  // poller, so only the polling thread can place the answer). Returns what
+  // the poll returned.
   std::size_t PostAndAwaitAnswer(std::span<WorkCompletion> wcs) {
     EXPECT_EQ(a_->qp->PostSend(Write(3, *b_target_, b_key_)), PostStatus::kOk);
     std::thread peer([&] {
@@ -267,7 +268,6 @@ TEST_F(AnswerSpinTest, ThreadsThatPingPongLoseNothingWhoeverReads) {
   const auto wc = WaitCompletions(*a_->recv_cq, 1);
   ASSERT_EQ(wc.size(), 1u);
   EXPECT_EQ(wc[0].wr_id, kRounds - 1);
-  EXPECT_GT(a_->qp->answer_spins() + b_->qp->answer_spins(), 0u);
   EXPECT_FALSE(a_->events.Has(AsyncEventType::kQpFatal));
   EXPECT_FALSE(b_->events.Has(AsyncEventType::kQpFatal));
 }
