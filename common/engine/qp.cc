@@ -1421,11 +1421,8 @@ void Qp::AwaitAnswer(const CompletionQueue& polled) {
   {
     std::lock_guard lock(poll_mutex_);
     if (!polled_ || read_closed_) return;
-    if (!read_leased_) {
-      if (ApplyPollInterest(false, want_write_) != 0) return;
-      read_leased_ = true;
-      took_interest = true;
-    }
+    took_interest = TakeReadInterestLocked();
+    if (!took_interest && !read_leased_) return;  // interest could not be taken off
   }
   answer_spins_.fetch_add(1, std::memory_order_relaxed);
   using Clock = std::chrono::steady_clock;
@@ -1464,8 +1461,7 @@ void Qp::AwaitAnswer(const CompletionQueue& polled) {
         lease_check_interval_ = kReadLease;
         lease_check = lease_check_at_;
       } else {
-        lost = polled_ && !read_closed_ && ApplyPollInterest(true, want_write_) != 0;
-        read_leased_ = false;
+        lost = ReturnReadInterestLocked();
       }
     }
     if (lease_check) engine_->ScheduleTimer(shared_from_this(), *lease_check);
@@ -1503,9 +1499,7 @@ void Qp::ExtendReadLease(std::chrono::steady_clock::time_point now) {
   read_lease_until_.store(until.time_since_epoch().count(), std::memory_order_relaxed);
   {
     std::lock_guard lock(poll_mutex_);
-    if (read_leased_ || !polled_ || read_closed_) return;
-    if (ApplyPollInterest(false, want_write_) != 0) return;  // stays as it was
-    read_leased_ = true;
+    if (!TakeReadInterestLocked()) return;  // held already, or stays as it was
     read_leases_taken_.fetch_add(1, std::memory_order_relaxed);
     lease_check_at_ = until;
     lease_check_interval_ = kReadLease;
@@ -1519,10 +1513,22 @@ void Qp::EndReadLease() {
   {
     std::lock_guard lock(poll_mutex_);
     if (!read_leased_) return;
-    lost = polled_ && !read_closed_ && ApplyPollInterest(true, want_write_) != 0;
-    read_leased_ = false;
+    lost = ReturnReadInterestLocked();
   }
   if (lost) ReadInterestLost();
+}
+
+bool Qp::TakeReadInterestLocked() {
+  if (read_leased_ || !polled_ || read_closed_) return false;
+  if (ApplyPollInterest(false, want_write_) != 0) return false;
+  read_leased_ = true;
+  return true;
+}
+
+bool Qp::ReturnReadInterestLocked() {
+  const bool lost = polled_ && !read_closed_ && ApplyPollInterest(true, want_write_) != 0;
+  read_leased_ = false;
+  return lost;
 }
 
 void Qp::ReadInterestLost() {

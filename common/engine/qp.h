@@ -679,6 +679,11 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // Read interest could not be put back (EndReadLease, AwaitAnswer): the
   // QP fails, as nothing would read its stream.
   void ReadInterestLost();
+  // With poll_mutex_ held, for the read lease and the answer spin: take read
+  // interest off (false if it is off already or stays on), and put it back
+  // (true if that failed: ReadInterestLost).
+  bool TakeReadInterestLocked();
+  bool ReturnReadInterestLocked();
 
   // Owned by the transmit-gate holder. `stream_` is set and reset only on the
   // progress thread while it holds the gate exclusively, so the gate holder
