@@ -188,6 +188,9 @@ class Engine {
   std::size_t tx_blocked_streams() const {
     return tx_blocked_streams_.load(std::memory_order_relaxed);
   }
+  // The progress thread's epoll fd (tests read its entries in
+  // /proc/self/fdinfo).
+  int poller_fd() const { return poller_.fd(); }
 
  private:
   friend class Qp;

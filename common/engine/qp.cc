@@ -957,6 +957,7 @@ void Qp::Attach() {
       read_leased_ = false;
       add_error = engine_->poller().Add(poll_fd_, this, /*want_read=*/true, /*want_write=*/false);
       polled_ = add_error == 0;
+      registered_ = polled_;
     }
     rx_.Start(params);
     attached_ = true;
@@ -1546,16 +1547,25 @@ bool Qp::ReadsOutstanding() const {
   return orq_ && !orq_->empty();
 }
 
-// An fd stays in the poller only while it has interest: a socket closed in
-// both directions reports EPOLLHUP even with an empty mask, which would wake
-// the progress thread in a loop until the QP is destroyed.
+// Read interest that a read lease or an answer spin takes off leaves the fd
+// in the poller with the rest of its mask, an empty one included (epoll_ctl
+// MOD): a DEL and an ADD free and allocate an epoll item, the frees go
+// through RCU, and its kernel threads then preempted the spinning
+// applications of a ping-pong (docs/performance-notes.md 3.27). An fd whose
+// read side is closed leaves the poller unless it waits to write: a socket
+// closed in both directions reports EPOLLHUP even with an empty mask, which
+// would wake the progress thread in a loop until the QP is destroyed.
 int Qp::ApplyPollInterest(bool read, bool write) {
-  const bool was_in = (!read_closed_ && !read_leased_) || want_write_;
-  const bool now_in = read || write;
-  if (was_in && now_in) return engine_->poller().Modify(poll_fd_, this, read, write);
-  if (now_in) return engine_->poller().Add(poll_fd_, this, read, write);
-  if (was_in) return engine_->poller().Remove(poll_fd_);
-  return 0;
+  const bool stays = read || write || !read_closed_;
+  if (registered_) {
+    if (stays) return engine_->poller().Modify(poll_fd_, this, read, write);
+    registered_ = false;
+    return engine_->poller().Remove(poll_fd_);
+  }
+  if (!stays) return 0;
+  const int rc = engine_->poller().Add(poll_fd_, this, read, write);
+  registered_ = rc == 0;
+  return rc;
 }
 
 bool Qp::SetWriteInterest(bool want) {
@@ -1593,14 +1603,15 @@ void Qp::SetTxBlocked(bool blocked) {
 void Qp::StopReading() {
   std::lock_guard lock(poll_mutex_);
   if (!polled_ || read_closed_) return;
+  read_closed_ = true;  // first: it decides whether the fd stays in the poller
   ApplyPollInterest(false, want_write_);
-  read_closed_ = true;
 }
 
 void Qp::StopPolling() {
   std::lock_guard lock(poll_mutex_);
   if (!polled_) return;
-  ApplyPollInterest(false, false);
+  if (registered_) engine_->poller().Remove(poll_fd_);
+  registered_ = false;
   polled_ = false;
   want_write_ = false;
   SetTxBlocked(false);

@@ -610,7 +610,10 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   std::optional<rdmap::TerminateCause> local_error_;          // guarded by info_mutex_
 
   std::mutex poll_mutex_;
-  bool polled_ = false;       // guarded by poll_mutex_; fd is in the engine's poller
+  bool polled_ = false;       // guarded by poll_mutex_; the engine's poller watches the fd
+  // The fd is in the poller's set (ApplyPollInterest), with an empty mask
+  // while a read lease or an answer spin holds its read interest.
+  bool registered_ = false;   // guarded by poll_mutex_
   bool want_write_ = false;   // guarded by poll_mutex_
   // want_write_ for readers without poll_mutex_ (PollMayWait): the socket
   // was full and the transmit side waits for EPOLLOUT.
@@ -666,9 +669,9 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // last two, or 2 x kSinkOctets over its last three.
   bool StreamLeftToProgress(std::chrono::steady_clock::rep now);
   int poll_fd_ = -1;          // guarded by poll_mutex_
-  // Moves the fd's registration from its current interest (read unless
-  // read_closed_ or read_leased_; write if want_write_) to the given one;
-  // with poll_mutex_ held. Returns an errno.
+  // Sets the fd's interest in the poller (it stays registered, with an
+  // empty mask, unless read_closed_: see there); with poll_mutex_ held.
+  // Returns an errno.
   int ApplyPollInterest(bool read, bool write);
   // Application thread in DriveFromPoll (rx_mutex_ held): extends the lease,
   // taking read interest off at its start.

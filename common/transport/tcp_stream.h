@@ -98,6 +98,8 @@ class Poller {
 
   // 0, or the errno epoll_create1 failed with (then every call fails).
   int error() const { return error_; }
+  // The epoll fd.
+  int fd() const { return epfd_; }
 
   // Returns 0 or an errno. want_read includes the peer's FIN.
   int Add(int fd, void* cookie, bool want_read, bool want_write);

@@ -8,6 +8,8 @@
 // polls. A polling application holds the QP's read lease (read interest off
 // the poller); progress goes back to the progress thread when it stops
 // polling or arms the CQ.
+#include <sys/epoll.h>
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -622,6 +624,45 @@ TEST_F(PollProgressTest, AHeldLeaseWakesTheProgressThreadRarely) {
   const auto wc = WaitCompletions(*b_.recv_cq, 1);
   ASSERT_EQ(wc.size(), 1u);
   EXPECT_EQ(wc[0].wr_id, 1u);
+}
+
+// A lease takes read interest off the socket's poller entry without taking
+// the entry out (epoll_ctl MOD to an empty mask): a DEL and an ADD per lease,
+// and per answer spin (two a message in a ping-pong), made the kernel free
+// epoll items through RCU and wake its threads on the CPUs of spinning
+// applications (docs/performance-notes.md 3.27). Once the lease has run out,
+// read interest is back on the same entry.
+TEST_F(PollProgressTest, ALeaseTakesReadInterestOffWithoutLeavingThePoller) {
+  Link(a_, b_, Transport::kTcp, {});
+  Buffer rbuf(64);
+  const std::uint32_t key = rbuf.Register(b_.memory(), b_.pd, AccessFlags::kLocalWrite);
+  for (std::uint64_t id = 0; id < 4; ++id) PostRecv(b_, id, rbuf, key);
+  ASSERT_EQ(a_.qp->PostSend(MakeSend(0, SendOpcode::kSend)), PostStatus::kOk);
+  ASSERT_EQ(PollProgressFor(*b_.recv_cq, 1).size(), 1u);  // b holds the lease now
+  const int epoll_fd = b_.engine->poller_fd();
+  const void* entry = b_.qp.get();
+  // A lease lapses when this thread is held off for a millisecond: only
+  // looks that found read interest off are judged; none may find the
+  // entry gone.
+  std::array<WorkCompletion, 4> batch;
+  std::size_t judged = 0;
+  const auto deadline = Clock::now() + kWait;
+  while (judged < 20 && Clock::now() < deadline) {
+    ASSERT_EQ(b_.recv_cq->PollWithProgress(batch), 0u);  // extends the lease
+    const std::optional<std::uint32_t> mask = PollerMaskOf(epoll_fd, entry);
+    ASSERT_TRUE(mask.has_value()) << "the socket left the poller during the lease";
+    if ((*mask & EPOLLIN) == 0) ++judged;
+  }
+  EXPECT_GT(judged, 0u);
+  // The polls stopped: the lease runs out, and the next Send completes
+  // through the progress thread, read interest back on.
+  ASSERT_EQ(a_.qp->PostSend(MakeSend(1, SendOpcode::kSend)), PostStatus::kOk);
+  const auto wc = WaitCompletions(*b_.recv_cq, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].wr_id, 1u);
+  const std::optional<std::uint32_t> mask = PollerMaskOf(epoll_fd, entry);
+  ASSERT_TRUE(mask.has_value());
+  EXPECT_NE(*mask & EPOLLIN, 0u);
 }
 
 // A poll's receive turn that found the socket empty keeps the QP's polls

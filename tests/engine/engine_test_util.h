@@ -202,6 +202,29 @@ inline bool StaysEmpty(CompletionQueue& cq, std::chrono::milliseconds quiet) {
   return cq.size() == 0;
 }
 
+// The event mask of the entry of epoll fd `epoll_fd` whose data is
+// `cookie` (the engine's poller registers each QP's socket with the QP's
+// address), read from /proc/self/fdinfo; nullopt if there is none.
+inline std::optional<std::uint32_t> PollerMaskOf(int epoll_fd, const void* cookie) {
+  const std::string path = "/proc/self/fdinfo/" + std::to_string(epoll_fd);
+  std::FILE* f = std::fopen(path.c_str(), "r");
+  if (f == nullptr) return std::nullopt;
+  std::optional<std::uint32_t> mask;
+  char line[256];
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    int tfd = 0;
+    unsigned events = 0;
+    unsigned long long data = 0;
+    // "tfd: %8d events: %8x data: %16llx ..." (fs/eventpoll.c's fdinfo)
+    if (std::sscanf(line, "tfd: %d events: %x data: %llx", &tfd, &events, &data) == 3 &&
+        data == reinterpret_cast<std::uintptr_t>(cookie)) {
+      mask = events;
+    }
+  }
+  std::fclose(f);
+  return mask;
+}
+
 template <typename Pred>
 bool WaitUntil(Pred pred, std::chrono::milliseconds timeout = kWait) {
   const auto deadline = Clock::now() + timeout;
