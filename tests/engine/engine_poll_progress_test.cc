@@ -91,9 +91,20 @@ class PollProgressTest : public ::testing::Test {
   // PostersPollersAndProgressThreadRaceOnOneQp's body, with every CQ's
   // bounded wait at `poll_wait` (zero: polls never sleep).
   void RunPostersPollersRace(std::chrono::microseconds poll_wait);
+  // Links a_ and b_ over TCP, posts 4 receives at b (into lease_rbuf_) and
+  // completes a Send from a through b's driving poll: b holds its read lease.
+  void LinkWithBLeased() {
+    Link(a_, b_, Transport::kTcp, {});
+    const std::uint32_t key =
+        lease_rbuf_.Register(b_.memory(), b_.pd, AccessFlags::kLocalWrite);
+    for (std::uint64_t id = 0; id < 4; ++id) PostRecv(b_, id, lease_rbuf_, key);
+    ASSERT_EQ(a_.qp->PostSend(MakeSend(0, SendOpcode::kSend)), PostStatus::kOk);
+    ASSERT_EQ(PollProgressFor(*b_.recv_cq, 1).size(), 1u);
+  }
 
   Node a_;
   Node b_;
+  Buffer lease_rbuf_{64};
 };
 
 TEST_F(PollProgressTest, SendCompletesThroughPollWhileTheProgressThreadIsHeld) {
@@ -396,12 +407,7 @@ TEST_F(PollProgressTest, PeerCloseWhileThePollerDrivesFlushesTheReceivesOnce) {
 // complete, through the progress thread once the lease ran out (the passive
 // side of a benchmark polls nothing).
 TEST_F(PollProgressTest, MessageCompletesAfterThePollerStopsPolling) {
-  Link(a_, b_, Transport::kTcp, {});
-  Buffer rbuf(64);
-  const std::uint32_t key = rbuf.Register(b_.memory(), b_.pd, AccessFlags::kLocalWrite);
-  for (std::uint64_t id = 0; id < 4; ++id) PostRecv(b_, id, rbuf, key);
-  ASSERT_EQ(a_.qp->PostSend(MakeSend(0, SendOpcode::kSend)), PostStatus::kOk);
-  ASSERT_EQ(PollProgressFor(*b_.recv_cq, 1).size(), 1u);
+  ASSERT_NO_FATAL_FAILURE(LinkWithBLeased());
   // Empty polls that drive: the lease is taken and extended.
   std::array<WorkCompletion, 4> batch;
   for (int i = 0; i < 100; ++i) ASSERT_EQ(b_.recv_cq->PollWithProgress(batch), 0u);
@@ -427,12 +433,7 @@ TEST_F(PollProgressTest, MessageCompletesAfterThePollerStopsPolling) {
 // Arming the CQ while the poller holds the read lease (it ends there and
 // then): the next message is notified and completes with nobody polling.
 TEST_F(PollProgressTest, ArmingTheCqWhileLeasedLosesNothing) {
-  Link(a_, b_, Transport::kTcp, {});
-  Buffer rbuf(64);
-  const std::uint32_t key = rbuf.Register(b_.memory(), b_.pd, AccessFlags::kLocalWrite);
-  for (std::uint64_t id = 0; id < 4; ++id) PostRecv(b_, id, rbuf, key);
-  ASSERT_EQ(a_.qp->PostSend(MakeSend(0, SendOpcode::kSend)), PostStatus::kOk);
-  ASSERT_EQ(PollProgressFor(*b_.recv_cq, 1).size(), 1u);
+  ASSERT_NO_FATAL_FAILURE(LinkWithBLeased());
   std::array<WorkCompletion, 4> batch;
   for (int i = 0; i < 100; ++i) ASSERT_EQ(b_.recv_cq->PollWithProgress(batch), 0u);
   b_.recv_cq->Arm(CqArm::kNextCompletion);
@@ -633,12 +634,7 @@ TEST_F(PollProgressTest, AHeldLeaseWakesTheProgressThreadRarely) {
 // applications (docs/performance-notes.md 3.27). Once the lease has run out,
 // read interest is back on the same entry.
 TEST_F(PollProgressTest, ALeaseTakesReadInterestOffWithoutLeavingThePoller) {
-  Link(a_, b_, Transport::kTcp, {});
-  Buffer rbuf(64);
-  const std::uint32_t key = rbuf.Register(b_.memory(), b_.pd, AccessFlags::kLocalWrite);
-  for (std::uint64_t id = 0; id < 4; ++id) PostRecv(b_, id, rbuf, key);
-  ASSERT_EQ(a_.qp->PostSend(MakeSend(0, SendOpcode::kSend)), PostStatus::kOk);
-  ASSERT_EQ(PollProgressFor(*b_.recv_cq, 1).size(), 1u);  // b holds the lease now
+  ASSERT_NO_FATAL_FAILURE(LinkWithBLeased());
   const int epoll_fd = b_.engine->poller_fd();
   const void* entry = b_.qp.get();
   // A lease lapses when this thread is held off for a millisecond: only
@@ -678,12 +674,7 @@ TEST_F(PollProgressTest, EmptyPollRightAfterAnEmptyReadMakesNoSystemCall) {
       CompletionQueue::SetEmptyPollsBeforeYield(CompletionQueue::kDefaultEmptyPollsBeforeYield);
     }
   } restore;
-  Link(a_, b_, Transport::kTcp, {});
-  Buffer rbuf(64);
-  const std::uint32_t key = rbuf.Register(b_.memory(), b_.pd, AccessFlags::kLocalWrite);
-  for (std::uint64_t id = 0; id < 4; ++id) PostRecv(b_, id, rbuf, key);
-  ASSERT_EQ(a_.qp->PostSend(MakeSend(0, SendOpcode::kSend)), PostStatus::kOk);
-  ASSERT_EQ(PollProgressFor(*b_.recv_cq, 1).size(), 1u);
+  ASSERT_NO_FATAL_FAILURE(LinkWithBLeased());
 
   std::array<WorkCompletion, 4> batch;
   std::size_t judged = 0;
