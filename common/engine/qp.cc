@@ -352,7 +352,10 @@ void Qp::KickTx() {
 }
 
 void Qp::KickTxFromApplication() {
-  if (tx_gate_.fetch_add(1, std::memory_order_acq_rel) != 0) return;  // the owner pumps again
+  if (tx_gate_.fetch_add(1, std::memory_order_acq_rel) != 0) {
+    tx_kicks_to_owner_.fetch_add(1, std::memory_order_relaxed);
+    return;  // the owner pumps again
+  }
   // The socket was found full and its write interest is armed, so EPOLLOUT
   // wakes the progress thread, which pumps what this post added, once the
   // socket drains: a sendmsg now would find it full again or take only a

@@ -324,6 +324,12 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   std::uint64_t tx_kicks_left_to_epollout() const {
     return tx_kicks_left_to_epollout_.load(std::memory_order_relaxed);
   }
+  // Posts and flushes whose kick found the transmit gate held by another
+  // thread (the progress thread on EPOLLOUT, say), which pumps for them
+  // (KickTxFromApplication; tests).
+  std::uint64_t tx_kicks_to_owner() const {
+    return tx_kicks_to_owner_.load(std::memory_order_relaxed);
+  }
   // Tests: hold the transmit gate as an application thread transmitting
   // inline does; kicks that arrive meanwhile pump at the release.
   void HoldTxGateForTest() { LockTxExclusive(); }
@@ -663,6 +669,7 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   std::atomic<std::uint64_t> coalesced_posts_{0};
   std::atomic<std::uint64_t> tx_wakes_owned_{0};
   std::atomic<std::uint64_t> tx_kicks_left_to_epollout_{0};
+  std::atomic<std::uint64_t> tx_kicks_to_owner_{0};
   // Polling thread: true once no read has returned data for
   // kQuietBeforePollWait, as far as the polls can tell, or while the QP is
   // a sink: kSinkOctets came in since its last PostSend, or between its
