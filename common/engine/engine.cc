@@ -203,7 +203,9 @@ int Engine::WaitForEvents(std::span<transport::Poller::Event> events) {
   // come more slowly than the spin lasts (docs/performance-notes.md 3.3).
   using Clock = std::chrono::steady_clock;
   bool at_once = false;
-  int n = Spin(events, spin_budget_, std::chrono::nanoseconds::max(), &at_once);
+  bool target_read = false;
+  int n = Spin(events, spin_budget_, std::chrono::nanoseconds::max(), nullptr, &at_once,
+               &target_read);
   if (n > 0 || stop_.load(std::memory_order_relaxed)) return n;
   spin_budget_ /= 2;
   if (spin_budget_ < std::chrono::microseconds(1)) spin_budget_ = {};
@@ -227,12 +229,17 @@ int Engine::WaitAfterResponderSpin(std::span<transport::Poller::Event> events,
     // per Read under load); yielding at once handed the CPU to any other
     // thread for its slice (a worse p99). So it yields only once the
     // Request is later than a round trip on another CPU would make it
-    // (docs/performance-notes.md 3.8).
+    // (docs/performance-notes.md 3.8). It reads the socket the last
+    // Request came on itself: epoll_wait would only say where to read, one
+    // more system call before the Response (performance-notes 3.28).
     bool at_once = false;
-    const int n = Spin(events, responder_spin_.budget(), ResponderSpin::kYieldAfter, &at_once);
-    if (n > 0) {
+    bool target_read = false;
+    const int n = Spin(events, responder_spin_.budget(), ResponderSpin::kYieldAfter,
+                       spin_target_, &at_once, &target_read);
+    if (n > 0 || target_read) {
       wake_ = at_once ? Wake::kAtOnce : Wake::kSoon;
       responder_spin_catches_.fetch_add(1, std::memory_order_relaxed);
+      if (target_read) responder_spin_reads_.fetch_add(1, std::memory_order_relaxed);
       return n;
     }
     if (stop_.load(std::memory_order_relaxed)) return 0;
@@ -253,13 +260,23 @@ void Engine::NoteResponderSpin() {
 }
 
 int Engine::Spin(std::span<transport::Poller::Event> events, std::chrono::nanoseconds budget,
-                 std::chrono::nanoseconds yield_after, bool* at_once) {
+                 std::chrono::nanoseconds yield_after, Qp* target, bool* at_once,
+                 bool* target_read) {
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
   *at_once = true;
+  *target_read = false;
+  unsigned turn = 0;
   for (Clock::duration spun{}; spun < budget; spun = Clock::now() - start) {
-    const int n = poller_.Wait(events, 0);
-    if (n > 0) return n;
+    if (target != nullptr && ++turn % kPollsPerEventWait != 0) {
+      if (target->ReadInResponderSpin()) {
+        *target_read = true;
+        return 0;
+      }
+    } else {
+      const int n = poller_.Wait(events, 0);
+      if (n > 0) return n;
+    }
     if (stop_.load(std::memory_order_relaxed)) return 0;
     *at_once = false;
     if (spun >= yield_after) sched_yield();
@@ -332,6 +349,7 @@ void Engine::Execute(const Command& command) {
       qp.Finalize(command.flags);
       break;
     case CommandKind::kDetach:
+      if (spin_target_ == &qp) spin_target_ = nullptr;
       qp.Detach();
       Unregister(qp.qp_num());
       break;

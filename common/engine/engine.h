@@ -174,13 +174,17 @@ class Engine {
   void NoteApplicationCpu() { placement_.NoteApplicationCpu(); }
   void ClearApplicationCpu() { placement_.ClearApplicationCpu(); }
 
-  // How often the responder spin (responder_spin.h) was armed, and how many
-  // waits of the progress thread its spins ended without sleeping (tests).
+  // How often the responder spin (responder_spin.h) was armed, how many
+  // waits of the progress thread its spins ended without sleeping, and how
+  // many of those by reading the spin's target QP itself (tests).
   std::uint64_t responder_spin_arms() const {
     return responder_spin_arms_.load(std::memory_order_relaxed);
   }
   std::uint64_t responder_spin_catches() const {
     return responder_spin_catches_.load(std::memory_order_relaxed);
+  }
+  std::uint64_t responder_spin_reads() const {
+    return responder_spin_reads_.load(std::memory_order_relaxed);
   }
 
   // QPs whose socket is full (write interest armed), and the unsent limit
@@ -223,9 +227,15 @@ class Engine {
   // The spin of both: polls without blocking for up to `budget`, yielding
   // the CPU between polls once `yield_after` has passed. Returns what a poll
   // found (0: nothing within the budget, or the engine is stopping);
-  // `*at_once`: its first poll found it.
+  // `*at_once`: its first poll found it. With a `target`, most of its polls
+  // read that QP's socket instead (Qp::ReadInResponderSpin), and
+  // `*target_read` says that one of them read something (returning 0).
   int Spin(std::span<transport::Poller::Event> events, std::chrono::nanoseconds budget,
-           std::chrono::nanoseconds yield_after, bool* at_once);
+           std::chrono::nanoseconds yield_after, Qp* target, bool* at_once,
+           bool* target_read);
+  // In a spin with a target, every kPollsPerEventWait-th poll is an
+  // epoll_wait for the other sockets, commands and timers.
+  static constexpr unsigned kPollsPerEventWait = 8;
   // Tells CompletionQueue::NoteResponderSpin when the responder spin's
   // budget went from zero to some or back (pollers of this process then
   // wait longer between wake-ups: poll_wait_backoff.h).
@@ -233,8 +243,10 @@ class Engine {
   // Qp, any thread: a Read Request of `size` octets was queued, the QP now
   // owing `outstanding` Responses; tells the responder spin when that
   // thread is the progress thread.
-  void NoteReadRequestQueued(std::uint32_t size, std::uint32_t outstanding) {
-    if (OnProgressThread()) responder_spin_.OnReadRequest(size, outstanding);
+  void NoteReadRequestQueued(Qp& qp, std::uint32_t size, std::uint32_t outstanding) {
+    if (!OnProgressThread()) return;
+    responder_spin_.OnReadRequest(size, outstanding);
+    spin_target_ = &qp;
   }
   std::chrono::milliseconds teardown_timeout() const { return config_.teardown_timeout; }
   std::size_t tx_coalesce_octets() const { return config_.tx_coalesce_octets; }
@@ -273,9 +285,14 @@ class Engine {
   // began (found by that spin, or after a brief sleep).
   ResponderSpin responder_spin_;
   ResponderSpin::Wake wake_ = ResponderSpin::Wake::kLate;
+  // The QP whose Read Request the progress thread queued last: the
+  // responder spin reads its socket itself (Spin). Progress thread
+  // only; cleared by that QP's detach, before the registry lets it go.
+  Qp* spin_target_ = nullptr;
   bool spin_noted_ = false;  // what NoteResponderSpin last told the CQs
   std::atomic<std::uint64_t> responder_spin_arms_{0};
   std::atomic<std::uint64_t> responder_spin_catches_{0};
+  std::atomic<std::uint64_t> responder_spin_reads_{0};
   // Qp::SetTxBlocked.
   std::atomic<std::size_t> tx_blocked_streams_{0};
   // Notes from application threads; the rest is the progress thread's.

@@ -230,7 +230,7 @@ void Qp::QueueReadRequest(const IrqEntry& request) {
   }
   // Queued on the progress thread: nobody else answers this QP's Reads, so
   // it may spin for the next one (responder_spin.h).
-  engine_->NoteReadRequestQueued(request.size, outstanding);
+  engine_->NoteReadRequestQueued(*this, request.size, outstanding);
 }
 
 std::optional<std::uint64_t> Qp::FindReadByMsn(std::uint32_t msn) {
@@ -1238,6 +1238,19 @@ void Qp::OnPollEvent(bool readable, bool writable, bool hangup) {
     stream_.reset();
     UnlockTxExclusive();
   }
+}
+
+bool Qp::ReadInResponderSpin() {
+  if (detached_ || !stream_) return false;
+  {
+    std::lock_guard lock(poll_mutex_);
+    if (!polled_ || read_leased_ || read_closed_) return false;
+  }
+  std::unique_lock rx_lock(rx_mutex_, std::try_to_lock);
+  if (!rx_lock.owns_lock() || !stream_) return false;
+  const std::uint64_t reads_before = counters_.rx_syscalls.load(std::memory_order_relaxed);
+  rx_.OnReadable(*stream_);
+  return counters_.rx_syscalls.load(std::memory_order_relaxed) != reads_before;
 }
 
 void Qp::DriveFromPoll(const CompletionQueue& polled) {

@@ -288,6 +288,10 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // pushes what completes. Except a sink that is the only driver of the
   // polled receive CQ: it reads its own stream (WaitForInput).
   void DriveFromPoll(const CompletionQueue& polled) override;
+  // The progress thread's responder spin (Engine::Spin): reads the socket
+  // as OnPollEvent does for EPOLLIN, unless an application thread reads it
+  // (a read lease) or is in a receive turn. True if a read returned octets.
+  bool ReadInResponderSpin();
   void OnCqArmed(const CompletionQueue& cq) override;
   // True when nothing the polling thread could do would complete anything
   // of ours on either CQ: the receive side has nothing to complete (no

@@ -30,6 +30,9 @@
 // took CPU from the requester: 64-octet ib_read_bw lost 10-30% with an
 // earlier rule that armed on any small Read. After kYieldAfter of empty
 // polling the spin yields between polls (Engine::WaitAfterResponderSpin).
+// Most of its polls read the socket of the QP whose Request came last
+// (Engine::Spin), saving the epoll_wait before each read
+// (docs/performance-notes.md 3.28).
 //
 // Pure policy: no clock, no threads; the progress thread owns it
 // (Engine::WaitForEvents).

@@ -211,6 +211,47 @@ TEST_F(ResponderSpinEngineTest, SmallReadsAnsweredByTheProgressThreadArmItsSpin)
   EXPECT_TRUE(CompletionQueue::AnyResponderSpins());
 }
 
+// The spin reads the socket of the QP whose Request armed it instead of
+// asking epoll_wait which socket is ready: a Request it catches costs one
+// system call fewer (docs/performance-notes.md 3.28).
+TEST_F(ResponderSpinEngineTest, TheSpinReadsTheRequestersSocketItself) {
+  ReadOneAtATime(8, 20);
+  ASSERT_GE(b_.engine->responder_spin_arms(), 1u);
+  // One poll in Engine::kPollsPerEventWait is an epoll_wait, which may
+  // find a Request first; all 19 Requests after the first found that way
+  // would be a chance of 8^-19.
+  EXPECT_GE(b_.engine->responder_spin_reads(), 1u);
+  EXPECT_LE(b_.engine->responder_spin_reads(), b_.engine->responder_spin_catches());
+}
+
+// While it reads one QP's socket, the spin still polls the others: a
+// Request on another connection of the same engine is caught by the spin
+// (1 s long here), not by the sleep after it ran out.
+TEST_F(ResponderSpinEngineTest, ASpinOnOneQpStillServesTheOthers) {
+  Node c(Options(), a_.engine);
+  Node d(Options(), b_.engine);
+  Link(c, d, Transport::kTcp, {});
+  ReadOneAtATime(8, 20);
+  ASSERT_GE(b_.engine->responder_spin_arms(), 1u);
+  const std::uint64_t catches_before = b_.engine->responder_spin_catches();
+  Buffer src(8);
+  src.Fill(3);
+  const std::uint32_t rkey = src.Register(d.memory(), d.pd, kAllRemote);
+  Buffer dst(8, 0);
+  const std::uint32_t lkey = dst.Register(c.memory(), c.pd, kAllRemote);
+  SendWorkRequest wr = MakeSend(1, SendOpcode::kRdmaRead);
+  AddSge(wr, dst.addr(), 8, lkey);
+  wr.rkey = rkey;
+  wr.remote_addr = src.addr();
+  ASSERT_EQ(c.qp->PostSend(wr), PostStatus::kOk);
+  const auto done = WaitCompletions(*c.send_cq, 1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].status, WcStatus::kSuccess);
+  EXPECT_TRUE(SameBytes(dst.data(), src.data(), 8));
+  EXPECT_GT(b_.engine->responder_spin_catches(), catches_before)
+      << "the Request on the other connection waited for the spin to run out";
+}
+
 // A stopped engine takes its spin's note back: idle pollers of the process
 // return to kMaxPollWait.
 TEST_F(ResponderSpinEngineTest, AStoppedEngineNoLongerCountsAsSpinning) {
