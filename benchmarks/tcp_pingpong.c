@@ -6,7 +6,7 @@
  * and ib_write_lat report) as a median and a 99th percentile, on one line
  * that perftest-configs/run reads:
  *
- *   tcp_pingpong mode=busy size=8 iters=5000 half_rtt_median_us=... half_rtt_p99_us=...
+ *   tcp_pingpong mode=busy size=8 iters=5000 pad_ns=0 half_rtt_median_us=... half_rtt_p99_us=...
  *
  * Without --server/--client it forks the echoing process itself and runs
  * over loopback. --server=PORT echoes for one client on any address and
@@ -14,6 +14,10 @@
  * the same --size, --iters and --warmup), as perftest runs between hosts.
  * --mode=busy: non-blocking sockets polled in a loop (as perftest polls its
  * CQ); --mode=blocking: blocking recv (the thread sleeps in the kernel).
+ * --pad-ns=N: each end spins N ns after a message has arrived before it
+ * answers, which lengthens the half round trip by about N: a TCP ping-pong
+ * as slow as the stack it is compared with, so that both meet the machine's
+ * interruptions as often (perftest-configs/run's "matched" reference).
  * A figure printer, not a test. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -33,13 +37,14 @@
 enum { kMaxSize = 8 << 20 };  /* perftest -a goes up to 8 MiB */
 
 static int busy_mode = 1;
+static long pad_ns;
 
 static int usage(const char *why)
 {
 	fprintf(stderr,
 		"tcp_pingpong: %s\n"
 		"usage: tcp_pingpong [--mode=busy|blocking] [--size=OCTETS (1..%d)] "
-		"[--iters=N] [--warmup=N] [--server=PORT | --client=IPV4:PORT]\n",
+		"[--iters=N] [--warmup=N] [--pad-ns=N] [--server=PORT | --client=IPV4:PORT]\n",
 		why, kMaxSize);
 	return 2;
 }
@@ -91,6 +96,16 @@ static double now_us(void)
 	return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
 }
 
+/* --pad-ns: the time a slower stack would spend on a message. */
+static void pad(void)
+{
+	if (pad_ns == 0)
+		return;
+	const double until = now_us() + (double)pad_ns / 1e3;
+	while (now_us() < until)
+		;
+}
+
 static int parse_count(const char *text, long min, long max, long *out)
 {
 	char *end = NULL;
@@ -112,7 +127,10 @@ static void set_nodelay(int fd)
 static int echo_rounds(int fd, char *buf, long size, long rounds)
 {
 	for (long i = 0; i < rounds; ++i) {
-		if (recv_all(fd, buf, (size_t)size) != 0 || send_all(fd, buf, (size_t)size) != 0)
+		if (recv_all(fd, buf, (size_t)size) != 0)
+			return -1;
+		pad();
+		if (send_all(fd, buf, (size_t)size) != 0)
 			return -1;
 	}
 	return 0;
@@ -133,6 +151,7 @@ static int time_rounds(int fd, char *buf, long size, long iters, long warmup)
 			free(half_rtt);
 			return -1;
 		}
+		pad();
 		if (i >= warmup)
 			half_rtt[i - warmup] = (now_us() - start) / 2.0;
 	}
@@ -141,8 +160,9 @@ static int time_rounds(int fd, char *buf, long size, long iters, long warmup)
 	long p99_index = (long)((double)iters * 0.99);
 	if (p99_index >= iters)
 		p99_index = iters - 1;
-	printf("tcp_pingpong mode=%s size=%ld iters=%ld half_rtt_median_us=%.3f half_rtt_p99_us=%.3f\n",
-	       busy_mode ? "busy" : "blocking", size, iters, median, half_rtt[p99_index]);
+	printf("tcp_pingpong mode=%s size=%ld iters=%ld pad_ns=%ld half_rtt_median_us=%.3f "
+	       "half_rtt_p99_us=%.3f\n",
+	       busy_mode ? "busy" : "blocking", size, iters, pad_ns, median, half_rtt[p99_index]);
 	free(half_rtt);
 	return 0;
 }
@@ -200,6 +220,9 @@ int main(int argc, char **argv)
 		} else if (strncmp(a, "--warmup=", 9) == 0) {
 			if (parse_count(a + 9, 0, 100000000, &warmup) != 0)
 				return usage("--warmup must be a number from 0 to 100000000");
+		} else if (strncmp(a, "--pad-ns=", 9) == 0) {
+			if (parse_count(a + 9, 0, 1000000000, &pad_ns) != 0)
+				return usage("--pad-ns must be a number of nanoseconds from 0 to 1000000000");
 		} else if (strncmp(a, "--server=", 9) == 0) {
 			if (parse_count(a + 9, 1, 65535, &server_port) != 0)
 				return usage("--server needs a port from 1 to 65535");
