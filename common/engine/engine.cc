@@ -315,6 +315,8 @@ void Engine::RunTimers() {
       timers_.erase(timers_.begin());
     }
   }
+  if (due.empty()) return;
+  timer_turns_.fetch_add(1, std::memory_order_relaxed);
   for (const std::shared_ptr<Qp>& qp : due) qp->OnTimer(now);
 }
 

@@ -187,6 +187,10 @@ class Engine {
     return responder_spin_reads_.load(std::memory_order_relaxed);
   }
 
+  // Turns of the progress thread that found a timer due (RunTimers): its
+  // wake-ups for timers, such as the looks at read leases (tests).
+  std::uint64_t timer_turns() const { return timer_turns_.load(std::memory_order_relaxed); }
+
   // QPs whose socket is full (write interest armed), and the unsent limit
   // their sockets get (UnsentLimitFor).
   std::size_t tx_blocked_streams() const {
@@ -293,6 +297,7 @@ class Engine {
   std::atomic<std::uint64_t> responder_spin_arms_{0};
   std::atomic<std::uint64_t> responder_spin_catches_{0};
   std::atomic<std::uint64_t> responder_spin_reads_{0};
+  std::atomic<std::uint64_t> timer_turns_{0};
   // Qp::SetTxBlocked.
   std::atomic<std::size_t> tx_blocked_streams_{0};
   // Notes from application threads; the rest is the progress thread's.

@@ -11,8 +11,12 @@
 // such wake-up preempts one of them: the 99th percentile of ib_send_lat was
 // those wake-ups (docs/performance-notes.md 3.9). So a lease found extended
 // is looked at again after twice the previous interval, up to
-// kMaxReadLeaseCheck: a lapsed lease ends within min(how long it had been
-// held, kMaxReadLeaseCheck) of its end.
+// kMaxReadLeaseCheck. Looks at that bound fall on a grid of its multiples
+// of the steady clock (the first at least half a bound away), so that the
+// leases of many QPs share the progress thread's wake-ups instead of each
+// waking it on a phase of its own. A lapsed lease ends at the next look:
+// within about as long again as it had been held while the looks still
+// double, within 1.5 x kMaxReadLeaseCheck once they are on the grid.
 #ifndef SIWX_COMMON_ENGINE_READ_LEASE_H_
 #define SIWX_COMMON_ENGINE_READ_LEASE_H_
 
@@ -36,6 +40,15 @@ struct ReadLeaseCheck {
   std::chrono::steady_clock::duration interval{};
 };
 
+// The first tick of the look grid at or after `t`.
+constexpr std::chrono::steady_clock::time_point ReadLeaseGridTick(
+    std::chrono::steady_clock::time_point t) {
+  const auto since_epoch = t.time_since_epoch();
+  const auto ticks = (since_epoch + kMaxReadLeaseCheck - std::chrono::steady_clock::duration(1)) /
+                     kMaxReadLeaseCheck;
+  return std::chrono::steady_clock::time_point(ticks * kMaxReadLeaseCheck);
+}
+
 // A look at a lease at `now` that lasts until `until`; `interval` is the
 // time since the previous look (kReadLease for the first look, at the end of
 // a fresh lease).
@@ -44,7 +57,10 @@ constexpr ReadLeaseCheck CheckReadLease(std::chrono::steady_clock::time_point no
                                         std::chrono::steady_clock::duration interval) {
   if (now >= until) return {.end = true};
   const auto next_interval = std::clamp(interval * 2, kReadLease, kMaxReadLeaseCheck);
-  return {.end = false, .next = std::max(until, now + next_interval), .interval = next_interval};
+  const auto next = next_interval < kMaxReadLeaseCheck
+                        ? now + next_interval
+                        : ReadLeaseGridTick(now + kMaxReadLeaseCheck / 2);
+  return {.end = false, .next = std::max(until, next), .interval = next_interval};
 }
 
 }  // namespace siwx::engine

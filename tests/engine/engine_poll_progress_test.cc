@@ -102,6 +102,29 @@ class PollProgressTest : public ::testing::Test {
     ASSERT_EQ(PollProgressFor(*b_.recv_cq, 1).size(), 1u);
   }
 
+  // `count` more QPs of b on b's two CQs, appended to `qps`, each bound over
+  // TCP to a QP of its own on a's engine, appended to `peers`.
+  void AddQpsToB(std::size_t count, std::vector<std::shared_ptr<Qp>>& qps,
+                 std::vector<std::unique_ptr<Node>>& peers) {
+    for (std::size_t i = 0; i < count; ++i) {
+      peers.push_back(std::make_unique<Node>(NodeOptions{}, a_.engine));
+      QpConfig config;
+      config.pd = b_.pd;
+      config.send_cq = b_.send_cq.get();
+      config.recv_cq = b_.recv_cq.get();
+      config.sq_caps = QueueCaps{16, kMaxSge, kMaxInlineData};
+      config.rq_caps = QueueCaps{16, kMaxSge, 0};
+      std::shared_ptr<Qp> qp = b_.engine->CreateQp(config);
+      ASSERT_NE(qp, nullptr);
+      ASSERT_EQ(qp->Modify(QpState::kInit), QpStatus::kOk);
+      const std::array<int, 2> fds = Connect(Transport::kTcp);
+      peers.back()->Bind(fds[0], StreamParams{});
+      ASSERT_EQ(qp->Bind(std::make_unique<transport::TcpStream>(fds[1]), StreamParams{}),
+                BindStatus::kOk);
+      qps.push_back(qp);
+    }
+  }
+
   Node a_;
   Node b_;
   Buffer lease_rbuf_{64};
@@ -536,23 +559,7 @@ TEST_F(PollProgressTest, EveryQpOfManyOnOneCqProgressesThroughPollsAlone) {
   constexpr std::size_t kExtra = 3 * CompletionQueue::kDriversPerEmptyPoll + 1;
   std::vector<std::unique_ptr<Node>> peers;
   std::vector<std::shared_ptr<Qp>> qps{b_.qp};
-  for (std::size_t i = 0; i < kExtra; ++i) {
-    peers.push_back(std::make_unique<Node>(NodeOptions{}, a_.engine));
-    QpConfig config;
-    config.pd = b_.pd;
-    config.send_cq = b_.send_cq.get();
-    config.recv_cq = b_.recv_cq.get();
-    config.sq_caps = QueueCaps{16, kMaxSge, kMaxInlineData};
-    config.rq_caps = QueueCaps{16, kMaxSge, 0};
-    std::shared_ptr<Qp> qp = b_.engine->CreateQp(config);
-    ASSERT_NE(qp, nullptr);
-    ASSERT_EQ(qp->Modify(QpState::kInit), QpStatus::kOk);
-    const std::array<int, 2> fds = Connect(Transport::kTcp);
-    peers.back()->Bind(fds[0], StreamParams{});
-    ASSERT_EQ(qp->Bind(std::make_unique<transport::TcpStream>(fds[1]), StreamParams{}),
-              BindStatus::kOk);
-    qps.push_back(qp);
-  }
+  ASSERT_NO_FATAL_FAILURE(AddQpsToB(kExtra, qps, peers));
   std::vector<Qp*> senders{a_.qp.get()};
   for (auto& peer : peers) senders.push_back(peer->qp.get());
   auto post_round = [&](std::uint64_t base) {
@@ -625,6 +632,59 @@ TEST_F(PollProgressTest, AHeldLeaseWakesTheProgressThreadRarely) {
   const auto wc = WaitCompletions(*b_.recv_cq, 1);
   ASSERT_EQ(wc.size(), 1u);
   EXPECT_EQ(wc[0].wr_id, 1u);
+}
+
+// Many QPs on one CQ, all leased by one polling thread, each lease taken at
+// a time of its own: the progress thread looks at long-held leases on a
+// common grid (read_lease.h), so their looks share its wake-ups. Each
+// lease's looks used to keep the phase it started with: eight QPs woke the
+// thread 78 times in these 90 ms, about eight times per kMaxReadLeaseCheck
+// (22-23 with the grid). The bound counts, per lease taken, its three looks
+// before the grid and a timer left from the lease before, then the grid's
+// ticks, with room for one look every half tick, plus two under way as we
+// read.
+TEST_F(PollProgressTest, LeasesOfManyQpsShareTheProgressThreadsWakeUps) {
+  Link(a_, b_, Transport::kTcp, {});
+  constexpr std::size_t kQps = 2 * CompletionQueue::kDriversPerEmptyPoll;
+  std::vector<std::unique_ptr<Node>> peers;
+  std::vector<std::shared_ptr<Qp>> qps{b_.qp};
+  ASSERT_NO_FATAL_FAILURE(AddQpsToB(kQps - 1, qps, peers));
+  Buffer rbuf(64);
+  const std::uint32_t key = rbuf.Register(b_.memory(), b_.pd, AccessFlags::kLocalWrite);
+  const auto leases_taken = [&] {
+    std::uint64_t leases = 0;
+    for (const auto& qp : qps) leases += qp->read_leases_taken();
+    return leases;
+  };
+  const std::uint64_t leases_before = leases_taken();
+  const std::uint64_t turns_before = b_.engine->timer_turns();
+  const auto start = Clock::now();
+  // A driving poll takes the lease of a QP with a receive posted: the
+  // receives go to one QP every 1.1 ms, so each lease starts at a time of
+  // its own.
+  std::array<WorkCompletion, 4> batch;
+  for (std::size_t i = 0; i < kQps; ++i) {
+    ReceiveWorkRequest rwr;
+    rwr.wr_id = i;
+    AddSge(rwr, rbuf.addr(), 64, key);
+    ASSERT_EQ(qps[i]->PostRecv(rwr), PostStatus::kOk);
+    const auto next = Clock::now() + std::chrono::microseconds(1100);
+    while (Clock::now() < next) ASSERT_EQ(b_.recv_cq->PollWithProgress(batch), 0u);
+  }
+  while (Clock::now() - start < std::chrono::milliseconds(90)) {
+    ASSERT_EQ(b_.recv_cq->PollWithProgress(batch), 0u);
+  }
+  const std::uint64_t turns = b_.engine->timer_turns() - turns_before;
+  const std::uint64_t leases = leases_taken() - leases_before;
+  const auto elapsed = Clock::now() - start;
+  ASSERT_GE(leases, kQps);
+  const auto bound =
+      4 * leases + static_cast<std::uint64_t>(elapsed / (kMaxReadLeaseCheck / 2)) + 2;
+  EXPECT_LE(turns, bound) << "over " << std::chrono::duration<double, std::milli>(elapsed).count()
+                          << " ms of polling " << kQps << " QPs, " << leases << " lease(s)";
+  RecordProperty("timer_turns", static_cast<int>(turns));
+  RecordProperty("leases", static_cast<int>(leases));
+  for (std::size_t i = 1; i < qps.size(); ++i) qps[i]->Destroy();
 }
 
 // A lease takes read interest off the socket's poller entry without taking
