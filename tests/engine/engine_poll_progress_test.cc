@@ -86,6 +86,31 @@ class ProgressThreadBlocker {
   bool released_ = false;  // guarded by mutex_
 };
 
+// One more QP of b's engine, on b's CQs, connected over TCP to a new node on
+// `peer_engine`: one more driver of b's CQs.
+struct ExtraQpOnTheCqs {
+  ExtraQpOnTheCqs(Node& b, Engine* peer_engine) : peer(NodeOptions{}, peer_engine) {
+    QpConfig config;
+    config.pd = b.pd;
+    config.send_cq = b.send_cq.get();
+    config.recv_cq = b.recv_cq.get();
+    config.sq_caps = QueueCaps{16, kMaxSge, kMaxInlineData};
+    config.rq_caps = QueueCaps{16, kMaxSge, 0};
+    qp = b.engine->CreateQp(config);
+    EXPECT_NE(qp, nullptr);
+    EXPECT_EQ(qp->Modify(QpState::kInit), QpStatus::kOk);
+    const std::array<int, 2> fds = Connect(Transport::kTcp);
+    peer.Bind(fds[0], StreamParams{});
+    EXPECT_EQ(qp->Bind(std::make_unique<transport::TcpStream>(fds[1]), StreamParams{}),
+              BindStatus::kOk);
+  }
+  ~ExtraQpOnTheCqs() {
+    if (qp) qp->Destroy();
+  }
+  Node peer;
+  std::shared_ptr<Qp> qp;
+};
+
 class PollProgressTest : public ::testing::Test {
  protected:
   // PostersPollersAndProgressThreadRaceOnOneQp's body, with every CQ's
@@ -100,29 +125,6 @@ class PollProgressTest : public ::testing::Test {
     for (std::uint64_t id = 0; id < 4; ++id) PostRecv(b_, id, lease_rbuf_, key);
     ASSERT_EQ(a_.qp->PostSend(MakeSend(0, SendOpcode::kSend)), PostStatus::kOk);
     ASSERT_EQ(PollProgressFor(*b_.recv_cq, 1).size(), 1u);
-  }
-
-  // `count` more QPs of b on b's two CQs, appended to `qps`, each bound over
-  // TCP to a QP of its own on a's engine, appended to `peers`.
-  void AddQpsToB(std::size_t count, std::vector<std::shared_ptr<Qp>>& qps,
-                 std::vector<std::unique_ptr<Node>>& peers) {
-    for (std::size_t i = 0; i < count; ++i) {
-      peers.push_back(std::make_unique<Node>(NodeOptions{}, a_.engine));
-      QpConfig config;
-      config.pd = b_.pd;
-      config.send_cq = b_.send_cq.get();
-      config.recv_cq = b_.recv_cq.get();
-      config.sq_caps = QueueCaps{16, kMaxSge, kMaxInlineData};
-      config.rq_caps = QueueCaps{16, kMaxSge, 0};
-      std::shared_ptr<Qp> qp = b_.engine->CreateQp(config);
-      ASSERT_NE(qp, nullptr);
-      ASSERT_EQ(qp->Modify(QpState::kInit), QpStatus::kOk);
-      const std::array<int, 2> fds = Connect(Transport::kTcp);
-      peers.back()->Bind(fds[0], StreamParams{});
-      ASSERT_EQ(qp->Bind(std::make_unique<transport::TcpStream>(fds[1]), StreamParams{}),
-                BindStatus::kOk);
-      qps.push_back(qp);
-    }
   }
 
   Node a_;
@@ -557,11 +559,15 @@ TEST_F(PollProgressTest, LeaseTakenExpiredAndReturnedWhileThePeerStreams) {
 TEST_F(PollProgressTest, EveryQpOfManyOnOneCqProgressesThroughPollsAlone) {
   Link(a_, b_, Transport::kTcp, {});
   constexpr std::size_t kExtra = 3 * CompletionQueue::kDriversPerEmptyPoll + 1;
-  std::vector<std::unique_ptr<Node>> peers;
+  std::vector<std::unique_ptr<ExtraQpOnTheCqs>> extras;
   std::vector<std::shared_ptr<Qp>> qps{b_.qp};
-  ASSERT_NO_FATAL_FAILURE(AddQpsToB(kExtra, qps, peers));
   std::vector<Qp*> senders{a_.qp.get()};
-  for (auto& peer : peers) senders.push_back(peer->qp.get());
+  for (std::size_t i = 0; i < kExtra; ++i) {
+    extras.push_back(std::make_unique<ExtraQpOnTheCqs>(b_, a_.engine));
+    ASSERT_NE(extras.back()->qp, nullptr);
+    qps.push_back(extras.back()->qp);
+    senders.push_back(extras.back()->peer.qp.get());
+  }
   auto post_round = [&](std::uint64_t base) {
     for (std::size_t i = 0; i < qps.size(); ++i) {
       ReceiveWorkRequest rwr;
@@ -589,7 +595,6 @@ TEST_F(PollProgressTest, EveryQpOfManyOnOneCqProgressesThroughPollsAlone) {
     seen[c.wr_id - 1000] = true;
   }
   blocker.Release();
-  for (std::size_t i = 1; i < qps.size(); ++i) qps[i]->Destroy();
 }
 
 // An application that polls without a pause keeps its read lease, and the
@@ -646,9 +651,13 @@ TEST_F(PollProgressTest, AHeldLeaseWakesTheProgressThreadRarely) {
 TEST_F(PollProgressTest, LeasesOfManyQpsShareTheProgressThreadsWakeUps) {
   Link(a_, b_, Transport::kTcp, {});
   constexpr std::size_t kQps = 2 * CompletionQueue::kDriversPerEmptyPoll;
-  std::vector<std::unique_ptr<Node>> peers;
+  std::vector<std::unique_ptr<ExtraQpOnTheCqs>> extras;
   std::vector<std::shared_ptr<Qp>> qps{b_.qp};
-  ASSERT_NO_FATAL_FAILURE(AddQpsToB(kQps - 1, qps, peers));
+  for (std::size_t i = 1; i < kQps; ++i) {
+    extras.push_back(std::make_unique<ExtraQpOnTheCqs>(b_, a_.engine));
+    ASSERT_NE(extras.back()->qp, nullptr);
+    qps.push_back(extras.back()->qp);
+  }
   Buffer rbuf(64);
   const std::uint32_t key = rbuf.Register(b_.memory(), b_.pd, AccessFlags::kLocalWrite);
   const auto leases_taken = [&] {
@@ -684,7 +693,6 @@ TEST_F(PollProgressTest, LeasesOfManyQpsShareTheProgressThreadsWakeUps) {
                           << " ms of polling " << kQps << " QPs, " << leases << " lease(s)";
   RecordProperty("timer_turns", static_cast<int>(turns));
   RecordProperty("leases", static_cast<int>(leases));
-  for (std::size_t i = 1; i < qps.size(); ++i) qps[i]->Destroy();
 }
 
 // A lease takes read interest off the socket's poller entry without taking
@@ -938,31 +946,6 @@ class SinkStream {
   std::atomic<std::uint64_t> posted_upto_{kWindow};  // receives b has posted
 };
 
-// Connects one more QP of b's engine, on b's CQs, to a new node on
-// `peer_engine`: b's CQs then have two drivers.
-struct SecondQpOnTheCqs {
-  SecondQpOnTheCqs(Node& b, Engine* peer_engine) : peer(NodeOptions{}, peer_engine) {
-    QpConfig config;
-    config.pd = b.pd;
-    config.send_cq = b.send_cq.get();
-    config.recv_cq = b.recv_cq.get();
-    config.sq_caps = QueueCaps{16, kMaxSge, kMaxInlineData};
-    config.rq_caps = QueueCaps{16, kMaxSge, 0};
-    qp = b.engine->CreateQp(config);
-    EXPECT_NE(qp, nullptr);
-    EXPECT_EQ(qp->Modify(QpState::kInit), QpStatus::kOk);
-    const std::array<int, 2> fds = Connect(Transport::kTcp);
-    peer.Bind(fds[0], StreamParams{});
-    EXPECT_EQ(qp->Bind(std::make_unique<transport::TcpStream>(fds[1]), StreamParams{}),
-              BindStatus::kOk);
-  }
-  ~SecondQpOnTheCqs() {
-    if (qp) qp->Destroy();
-  }
-  Node peer;
-  std::shared_ptr<Qp> qp;
-};
-
 // A pure sink (Qp::kSinkOctets in since its last PostSend) whose receive CQ
 // has other drivers leaves reading to the progress thread and its polls may
 // sleep on the CQ: every Send of a stream still completes once, in order,
@@ -970,7 +953,7 @@ struct SecondQpOnTheCqs {
 // (bounded) on the CQ, not on the socket.
 TEST_F(PollProgressTest, SinkSharingItsCqLeavesReadingToTheProgressThreadAndLosesNothing) {
   Link(a_, b_, Transport::kTcp, {});
-  SecondQpOnTheCqs second(b_, a_.engine);
+  ExtraQpOnTheCqs second(b_, a_.engine);
   b_.recv_cq->set_poll_wait(std::chrono::microseconds(200));
   SinkStream stream(a_, b_);
   constexpr std::uint64_t kMessages = 2 * (Qp::kSinkOctets / SinkStream::kSize);
