@@ -28,7 +28,10 @@ Engine::Engine(EngineConfig config)
       placement_(config_.progress_affinity) {}
 
 bool Engine::Start() {
-  if (poller_.Add(doorbell_.fd(), &doorbell_, /*want_read=*/true, /*want_write=*/false) != 0) {
+  if (poller_.Add(doorbell_.fd(), &doorbell_, /*want_read=*/true, /*want_write=*/false) != 0 ||
+      lease_watch_alarm_.error() != 0 ||
+      poller_.Add(lease_watch_alarm_.fd(), &lease_watch_alarm_, /*want_read=*/true,
+                  /*want_write=*/false) != 0) {
     return false;
   }
   std::lock_guard lock(command_mutex_);
@@ -57,6 +60,11 @@ Engine::~Engine() {
   // Commands submitted before the thread stopped still run, in order (their
   // waiters were told not to wait once stopping_ was set).
   RunCommands();
+  std::vector<std::shared_ptr<Qp>> watched;  // released outside the lock
+  {
+    std::lock_guard lock(lease_watch_mutex_);
+    watched.swap(watched_leases_);
+  }
   std::unordered_map<std::uint32_t, std::shared_ptr<Qp>> remaining;
   {
     std::lock_guard lock(registry_mutex_);
@@ -162,10 +170,15 @@ void Engine::Run() {
     placement_.Apply();
     const int n = WaitForEvents(events);
     bool rung = false;
+    bool alarmed = false;
     for (int i = 0; i < n; ++i) {
       const transport::Poller::Event& ev = events[static_cast<std::size_t>(i)];
       if (ev.ptr() == &doorbell_) {
         rung = true;
+        continue;
+      }
+      if (ev.ptr() == &lease_watch_alarm_) {
+        alarmed = true;
         continue;
       }
       // Valid: the registry keeps the QP alive until its detach command,
@@ -176,6 +189,7 @@ void Engine::Run() {
     CompletionQueue::WakeDeferred();
     RunCommands();
     RunTimers();
+    if (alarmed) LookAtWatchedLeases();
     CompletionQueue::WakeDeferred();
     if (responder_spin_.OnWakeupHandled(wake_)) {
       responder_spin_arms_.fetch_add(1, std::memory_order_relaxed);
@@ -320,6 +334,76 @@ void Engine::RunTimers() {
   for (const std::shared_ptr<Qp>& qp : due) qp->OnTimer(now);
 }
 
+void Engine::WatchReadLease(const std::shared_ptr<Qp>& qp) {
+  std::lock_guard lock(lease_watch_mutex_);
+  if (std::find(watched_leases_.begin(), watched_leases_.end(), qp) == watched_leases_.end()) {
+    watched_leases_.push_back(qp);
+  }
+  RearmLeaseWatchLocked(TimerClock::now());
+}
+
+void Engine::RearmLeaseWatchLocked(TimerClock::time_point now) {
+  // Ended leases (0) count for nothing; the progress thread drops their QPs.
+  TimerClock::rep earliest = 0;
+  for (const std::shared_ptr<Qp>& qp : watched_leases_) {
+    const TimerClock::rep until = qp->read_lease_until_.load(std::memory_order_relaxed);
+    if (until != 0 && (earliest == 0 || until < earliest)) earliest = until;
+  }
+  const TimerClock::time_point due =
+      earliest == 0 ? TimerClock::time_point::max()
+                    : LeaseWatchDue(TimerClock::time_point(TimerClock::duration(earliest)));
+  if (due != lease_watch_due_) {
+    lease_watch_rearms_.fetch_add(1, std::memory_order_relaxed);
+    // Fails only for a closed fd or a time out of range, neither of which
+    // can happen here; the alarm would then stay as it was.
+    if (lease_watch_alarm_.ArmAt(due) == 0) lease_watch_due_ = due;
+  }
+  const TimerClock::time_point rearm_after =
+      due == TimerClock::time_point::max() ? due : LeaseWatchRearmAfter(now, due);
+  lease_watch_rearm_after_.store(rearm_after.time_since_epoch().count(),
+                                 std::memory_order_relaxed);
+}
+
+void Engine::LookAtWatchedLeases() {
+  lease_watch_alarm_.Drain();
+  lease_watch_turns_.fetch_add(1, std::memory_order_relaxed);
+  std::vector<std::shared_ptr<Qp>> watched;
+  {
+    std::lock_guard lock(lease_watch_mutex_);
+    watched = watched_leases_;
+  }
+  // Outside the lock: ending a lease takes the QP's locks and may raise an
+  // error. The QPs that hold no lease any more leave the watch.
+  const TimerClock::time_point now = TimerClock::now();
+  std::vector<const Qp*> unleased;
+  for (const std::shared_ptr<Qp>& qp : watched) {
+    if (!qp->LookAtWatchedLease(now)) unleased.push_back(qp.get());
+  }
+  std::vector<std::shared_ptr<Qp>> dropped;  // released outside the lock
+  std::lock_guard lock(lease_watch_mutex_);
+  for (const Qp* qp : unleased) {
+    const auto it = std::find_if(watched_leases_.begin(), watched_leases_.end(),
+                                 [&](const std::shared_ptr<Qp>& w) { return w.get() == qp; });
+    if (it == watched_leases_.end()) continue;
+    dropped.push_back(std::move(*it));
+    watched_leases_.erase(it);
+  }
+  // Re-armed even for the time it went off for (drained now).
+  lease_watch_due_ = TimerClock::time_point::min();
+  RearmLeaseWatchLocked(now);
+}
+
+void Engine::ForgetWatchedLease(const Qp& qp) {
+  std::shared_ptr<Qp> dropped;  // released outside the lock
+  std::lock_guard lock(lease_watch_mutex_);
+  const auto it = std::find_if(watched_leases_.begin(), watched_leases_.end(),
+                               [&](const std::shared_ptr<Qp>& w) { return w.get() == &qp; });
+  if (it == watched_leases_.end()) return;
+  dropped = std::move(*it);
+  watched_leases_.erase(it);
+  RearmLeaseWatchLocked(TimerClock::now());
+}
+
 void Engine::RunCommands() {
   for (;;) {
     std::vector<Command> batch;
@@ -353,6 +437,7 @@ void Engine::Execute(const Command& command) {
     case CommandKind::kDetach:
       if (spin_target_ == &qp) spin_target_ = nullptr;
       qp.Detach();
+      ForgetWatchedLease(qp);
       Unregister(qp.qp_num());
       break;
     case CommandKind::kFlushReceives:

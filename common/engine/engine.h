@@ -36,14 +36,20 @@
 // the progress thread itself, where it only submits).
 //
 // Time: the progress thread also runs QP timers (ScheduleTimer): the
-// teardown bound, the responder's wait for the first FPDU and the end of a
-// read lease (looked at less often the longer it lasts, read_lease.h: each
+// teardown bound, the responder's wait for the first FPDU and the first
+// looks at a read lease (less often the longer it lasts, read_lease.h: each
 // wake-up preempts a spinning application on a machine without a spare
-// core). `timer_mutex_`
-// guards the timer list; epoll_wait sleeps until the earliest one, and a
-// timer earlier than that rings the doorbell. A timer only says "look at
-// this QP at this time": the QP keeps its own deadlines and decides
-// (Qp::OnTimer), so a stale timer does nothing.
+// core). `timer_mutex_` guards the timer list; epoll_wait sleeps until the
+// earliest one, and a timer earlier than that rings the doorbell. A timer
+// only says "look at this QP at this time": the QP keeps its own deadlines
+// and decides (Qp::OnTimer), so a stale timer does nothing. A lease still
+// extended after those looks goes to the lease watch: an Alarm (timerfd) in
+// the poller, due kMaxReadLeaseCheck after the earliest end among the
+// watched leases, which the polls that extend them re-arm
+// (PushLeaseWatch), so the progress thread wakes for a polled lease only
+// once it lapses. `lease_watch_mutex_` guards the watched QPs; only the
+// progress thread drops them (LookAtWatchedLeases, a detach), so a polling
+// thread reads their lease ends without ever holding the last reference.
 //
 // Limits: one progress thread per Engine; Engine must outlive every use of
 // its QPs. Destroying the Engine destroys the remaining QPs (no completions).
@@ -190,6 +196,14 @@ class Engine {
   // Turns of the progress thread that found a timer due (RunTimers): its
   // wake-ups for timers, such as the looks at read leases (tests).
   std::uint64_t timer_turns() const { return timer_turns_.load(std::memory_order_relaxed); }
+  // Turns of the progress thread woken by the lease watch's alarm
+  // (LookAtWatchedLeases), and the watch's re-arms (tests).
+  std::uint64_t lease_watch_turns() const {
+    return lease_watch_turns_.load(std::memory_order_relaxed);
+  }
+  std::uint64_t lease_watch_rearms() const {
+    return lease_watch_rearms_.load(std::memory_order_relaxed);
+  }
 
   // QPs whose socket is full (write interest armed), and the unsent limit
   // their sockets get (UnsentLimitFor).
@@ -223,6 +237,27 @@ class Engine {
   // epoll_wait's timeout until the earliest timer (-1: none).
   int TimerWaitMs();
   void RunTimers();
+  // Progress thread (Qp::OnTimer): `qp`'s lease was still extended at the
+  // looks' bound; the watch looks at it from now on.
+  void WatchReadLease(const std::shared_ptr<Qp>& qp);
+  // A polling thread that just extended a lease to beyond `now`
+  // (Qp::ExtendReadLease): re-arms the watch's alarm once it comes within
+  // half a bound (LeaseWatchRearmAfter); otherwise one relaxed load.
+  void PushLeaseWatch(TimerClock::time_point now) {
+    if (now.time_since_epoch().count() <
+        lease_watch_rearm_after_.load(std::memory_order_relaxed)) {
+      return;
+    }
+    std::lock_guard lock(lease_watch_mutex_);
+    RearmLeaseWatchLocked(now);
+  }
+  // Arms the alarm for the watched leases' ends as they are now.
+  void RearmLeaseWatchLocked(TimerClock::time_point now);
+  // Progress thread: the alarm went off. Ends the watched leases that
+  // lapsed, drops the QPs that hold none, re-arms.
+  void LookAtWatchedLeases();
+  // Progress thread, in `qp`'s detach.
+  void ForgetWatchedLease(const Qp& qp);
   // Waits for poller events: epoll_wait, after the adaptive spin if
   // config_.progress_spin asks for one.
   int WaitForEvents(std::span<transport::Poller::Event> events);
@@ -281,6 +316,16 @@ class Engine {
 
   std::mutex timer_mutex_;
   std::multimap<TimerClock::time_point, std::weak_ptr<Qp>> timers_;  // guarded by timer_mutex_
+
+  transport::Alarm lease_watch_alarm_;
+  std::mutex lease_watch_mutex_;
+  std::vector<std::shared_ptr<Qp>> watched_leases_;  // guarded by lease_watch_mutex_
+  // What the alarm is armed for (max: disarmed; min: unknown).
+  TimerClock::time_point lease_watch_due_ = TimerClock::time_point::max();  // guarded likewise
+  // Written under lease_watch_mutex_; PushLeaseWatch reads it without.
+  std::atomic<TimerClock::rep> lease_watch_rearm_after_{TimerClock::time_point::max().time_since_epoch().count()};
+  std::atomic<std::uint64_t> lease_watch_turns_{0};
+  std::atomic<std::uint64_t> lease_watch_rearms_{0};
 
   // Progress thread only: the current spin budget (adaptive, <= progress_spin).
   std::chrono::nanoseconds spin_budget_{0};

@@ -1155,6 +1155,7 @@ void Qp::OnTimer(std::chrono::steady_clock::time_point now) {
   if (tx_owed_timer_.exchange(false, std::memory_order_acq_rel)) FlushOwedTx();
   if (detached_ || !attached_) return;
   bool lease_ended = false;
+  bool lease_watched = false;
   std::optional<std::chrono::steady_clock::time_point> lease_next;
   {
     std::lock_guard lock(poll_mutex_);
@@ -1164,9 +1165,14 @@ void Qp::OnTimer(std::chrono::steady_clock::time_point now) {
           read_lease_until_.load(std::memory_order_relaxed)));
       const ReadLeaseCheck check = CheckReadLease(now, until, lease_check_interval_);
       lease_ended = check.end;
-      if (!check.end) {
+      if (check.watch) {
+        // Extended all along: from now on the polls that extend it keep
+        // the engine's watch from waking this thread (read_lease.h).
+        lease_check_at_ = std::chrono::steady_clock::time_point::max();
+        lease_watched = true;
+      } else if (!check.end) {
         // A driving poll extended it: look again later, and less often the
-        // longer it lasts (read_lease.h).
+        // longer it lasts.
         lease_check_at_ = check.next;
         lease_check_interval_ = check.interval;
         lease_next = check.next;
@@ -1174,6 +1180,7 @@ void Qp::OnTimer(std::chrono::steady_clock::time_point now) {
     }
   }
   if (lease_ended) EndReadLease();
+  if (lease_watched) engine_->WatchReadLease(shared_from_this());
   if (lease_next) engine_->ScheduleTimer(shared_from_this(), *lease_next);
   if (first_fpdu_deadline_ && now >= *first_fpdu_deadline_) {
     first_fpdu_deadline_.reset();
@@ -1514,6 +1521,7 @@ void Qp::OnCqArmed(const CompletionQueue& /*cq*/) {
 void Qp::ExtendReadLease(std::chrono::steady_clock::time_point now) {
   const auto until = now + kReadLease;
   read_lease_until_.store(until.time_since_epoch().count(), std::memory_order_relaxed);
+  engine_->PushLeaseWatch(now);
   {
     std::lock_guard lock(poll_mutex_);
     if (!TakeReadInterestLocked()) return;  // held already, or stays as it was
@@ -1533,6 +1541,27 @@ void Qp::EndReadLease() {
     lost = ReturnReadInterestLocked();
   }
   if (lost) ReadInterestLost();
+}
+
+bool Qp::read_lease_watched() const {
+  std::lock_guard lock(poll_mutex_);
+  return read_leased_ && lease_check_at_ == std::chrono::steady_clock::time_point::max();
+}
+
+bool Qp::LookAtWatchedLease(std::chrono::steady_clock::time_point now) {
+  {
+    std::lock_guard lock(poll_mutex_);
+    if (!read_leased_) return false;
+    // A lease taken again since it was handed over is the timers' until
+    // its looks reach the bound.
+    if (lease_check_at_ != std::chrono::steady_clock::time_point::max()) return false;
+    read_lease_looks_.fetch_add(1, std::memory_order_relaxed);
+    const std::chrono::steady_clock::time_point until(std::chrono::steady_clock::duration(
+        read_lease_until_.load(std::memory_order_relaxed)));
+    if (now < until) return true;
+  }
+  EndReadLease();
+  return false;
 }
 
 bool Qp::TakeReadInterestLocked() {

@@ -399,13 +399,16 @@ class Qp final : public std::enable_shared_from_this<Qp>,
     return poll_receive_turns_.load(std::memory_order_relaxed);
   }
   // How often the progress thread looked at a read lease (for tests: each
-  // look is a wake-up, CheckReadLease), and how many leases were taken.
+  // look is a wake-up, CheckReadLease and the engine's lease watch), and how
+  // many leases were taken.
   std::uint64_t read_lease_looks() const {
     return read_lease_looks_.load(std::memory_order_relaxed);
   }
   std::uint64_t read_leases_taken() const {
     return read_leases_taken_.load(std::memory_order_relaxed);
   }
+  // Whether the engine's lease watch looks at this QP's lease (tests).
+  bool read_lease_watched() const;
 
  private:
   friend class Engine;
@@ -619,7 +622,7 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   std::optional<rdmap::TerminateHeader> terminate_received_;  // guarded by info_mutex_
   std::optional<rdmap::TerminateCause> local_error_;          // guarded by info_mutex_
 
-  std::mutex poll_mutex_;
+  mutable std::mutex poll_mutex_;
   bool polled_ = false;       // guarded by poll_mutex_; the engine's poller watches the fd
   // The fd is in the poller's set (ApplyPollInterest), with an empty mask
   // while a read lease or an answer spin holds its read interest.
@@ -636,11 +639,13 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // side from its CQ polls (the read lease), so the progress thread is not
   // woken for data that thread reads anyway. Every driving poll extends the
   // lease to now + kReadLease; it ends on the progress thread when it runs
-  // out (OnTimer, at growing intervals while it is extended: read_lease.h),
-  // when a CQ of ours is armed, and with the stream.
+  // out (OnTimer, at growing intervals while it is extended, then the
+  // engine's lease watch: read_lease.h), when a CQ of ours is armed, and
+  // with the stream.
   bool read_leased_ = false;  // guarded by poll_mutex_
   // The progress thread's next look at the lease and the interval before
-  // it (CheckReadLease); a timer due earlier leaves the lease alone.
+  // it (CheckReadLease); a timer due earlier leaves the lease alone, and
+  // so does every timer once the lease is watched (max).
   std::chrono::steady_clock::time_point lease_check_at_{};        // guarded by poll_mutex_
   std::chrono::steady_clock::duration lease_check_interval_{};    // guarded by poll_mutex_
   std::atomic<std::uint64_t> read_lease_looks_{0};
@@ -690,6 +695,10 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // Any thread: read interest back (level-triggered: data that came during
   // the lease wakes the progress thread at once).
   void EndReadLease();
+  // Progress thread, for the engine's lease watch: ends the lease if it ran
+  // out by `now`. False if the QP holds no lease any more (it leaves the
+  // watch).
+  bool LookAtWatchedLease(std::chrono::steady_clock::time_point now);
   // Read interest could not be put back (EndReadLease, AwaitAnswer): the
   // QP fails, as nothing would read its stream.
   void ReadInterestLost();

@@ -9,6 +9,7 @@
 #include <netinet/tcp.h>
 #include <sys/eventfd.h>
 #include <sys/syscall.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -418,6 +419,27 @@ void DrainEventFd(int fd) {
   do {
     n = read(fd, &value, sizeof(value));
   } while (n < 0 && errno == EINTR);
+}
+
+int CreateTimerFd(int* fd_out) {
+  const int fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  if (fd < 0) return Errno();
+  *fd_out = fd;
+  return 0;
+}
+
+int ArmTimerFdAt(int fd, std::chrono::steady_clock::time_point at) {
+  itimerspec spec{};
+  if (at != std::chrono::steady_clock::time_point::max()) {
+    // it_value 0 would disarm: a time at or before the clock's start is
+    // one nanosecond after it.
+    const auto ns = std::max<std::int64_t>(
+        1, std::chrono::duration_cast<std::chrono::nanoseconds>(at.time_since_epoch()).count());
+    spec.it_value.tv_sec = static_cast<time_t>(ns / 1000000000);
+    spec.it_value.tv_nsec = static_cast<long>(ns % 1000000000);
+  }
+  if (timerfd_settime(fd, TFD_TIMER_ABSTIME, &spec, nullptr) != 0) return Errno();
+  return 0;
 }
 
 }  // namespace siwx::transport

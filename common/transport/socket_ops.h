@@ -111,7 +111,15 @@ int WaitReadable(int fd);
 // hang-up): true if it is, false when the time ran out or poll failed.
 bool WaitReadableFor(int fd, std::chrono::nanoseconds max);
 bool IsNonBlocking(int fd);
-// Takes everything (the non-blocking wake-up fd).
+// Takes everything (the non-blocking wake-up fd; a timerfd's expirations).
 void DrainEventFd(int fd);
+// A non-blocking timerfd on CLOCK_MONOTONIC (std::chrono::steady_clock's
+// clock), disarmed: 0 or an errno.
+int CreateTimerFd(int* fd_out);
+// Arms the timerfd to expire once at `at` (steady_clock time; a time in the
+// past expires at once), or disarms it at time_point::max(). Resets its
+// expirations, so a timer re-armed before it was read is no longer
+// readable. 0 or an errno.
+int ArmTimerFdAt(int fd, std::chrono::steady_clock::time_point at);
 
 }  // namespace siwx::transport

@@ -172,4 +172,12 @@ void Doorbell::Ring() {
 
 void Doorbell::Drain() { DrainEventFd(fd_); }
 
+Alarm::Alarm() { error_ = CreateTimerFd(&fd_); }
+
+Alarm::~Alarm() { Close(fd_); }
+
+int Alarm::ArmAt(std::chrono::steady_clock::time_point at) { return ArmTimerFdAt(fd_, at); }
+
+void Alarm::Drain() { DrainEventFd(fd_); }
+
 }  // namespace siwx::transport

@@ -4,13 +4,15 @@
 // TcpStream wraps one connected, non-blocking stream socket (TCP, or a
 // socketpair in tests) with readv/sendmsg calls that never block and never
 // raise SIGPIPE. Poller is the one epoll wrapper (the engine's progress
-// thread and the CM thread use it) and Doorbell an eventfd that lets other
-// threads wake a polling thread. socket_ops.h has the other socket calls.
-// None of them know about MPA or RDMA.
+// thread and the CM thread use it), Doorbell an eventfd that lets other
+// threads wake a polling thread, and Alarm a timerfd they can re-arm.
+// socket_ops.h has the other socket calls. None of them know about MPA or
+// RDMA.
 #pragma once
 
 #include <sys/uio.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -131,6 +133,30 @@ class Doorbell {
   // 0, or the errno eventfd failed with.
   int error() const { return error_; }
   void Ring();
+  void Drain();
+  int fd() const { return fd_; }
+
+ private:
+  int fd_ = -1;
+  int error_ = 0;
+};
+
+// A non-blocking timerfd that a polling thread waits on in its Poller: any
+// thread re-arms it (without waking the poller unless the new time has
+// passed), the polling thread sees it readable when it expires and
+// Drain()s it. Built on the timerfd calls of socket_ops.h.
+class Alarm {
+ public:
+  Alarm();
+  ~Alarm();
+  Alarm(const Alarm&) = delete;
+  Alarm& operator=(const Alarm&) = delete;
+
+  // 0, or the errno timerfd_create failed with.
+  int error() const { return error_; }
+  // Expires once at `at` (steady_clock), or never at time_point::max();
+  // forgets an expiry not yet drained. 0 or an errno.
+  int ArmAt(std::chrono::steady_clock::time_point at);
   void Drain();
   int fd() const { return fd_; }
 
