@@ -323,7 +323,8 @@ class Engine {
   // What the alarm is armed for (max: disarmed; min: unknown).
   TimerClock::time_point lease_watch_due_ = TimerClock::time_point::max();  // guarded likewise
   // Written under lease_watch_mutex_; PushLeaseWatch reads it without.
-  std::atomic<TimerClock::rep> lease_watch_rearm_after_{TimerClock::time_point::max().time_since_epoch().count()};
+  std::atomic<TimerClock::rep> lease_watch_rearm_after_{
+      TimerClock::time_point::max().time_since_epoch().count()};
   std::atomic<std::uint64_t> lease_watch_turns_{0};
   std::atomic<std::uint64_t> lease_watch_rearms_{0};
 

@@ -64,11 +64,11 @@ constexpr std::chrono::steady_clock::time_point LeaseWatchDue(
   return earliest_until + kMaxReadLeaseCheck;
 }
 
-// Before when a poll that extends a lease leaves the watch's timer alone:
-// until the timer is within half a bound, so a polling thread re-arms it
-// about once per half bound (a system call; waking the progress thread
-// instead preempted a spinning application), and for at least kReadLease,
-// as a lapsed lease holds the timer where it is until it fires.
+// Until when the polls that extend leases leave the watch's timer alone:
+// until it is within half a bound, so a polling thread re-arms it about
+// once per half bound (a system call; waking the progress thread instead
+// preempted a spinning application), and for at least kReadLease, as a
+// lapsed lease holds the timer where it is until it fires.
 constexpr std::chrono::steady_clock::time_point LeaseWatchRearmAfter(
     std::chrono::steady_clock::time_point now, std::chrono::steady_clock::time_point due) {
   return std::max(now + kReadLease, due - kMaxReadLeaseCheck / 2);
