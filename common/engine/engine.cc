@@ -353,7 +353,6 @@ void Engine::RearmLeaseWatchLocked(TimerClock::time_point now) {
       earliest == 0 ? TimerClock::time_point::max()
                     : LeaseWatchDue(TimerClock::time_point(TimerClock::duration(earliest)));
   if (due != lease_watch_due_) {
-    lease_watch_rearms_.fetch_add(1, std::memory_order_relaxed);
     // Fails only for a closed fd or a time out of range, neither of which
     // can happen here; the alarm would then stay as it was.
     if (lease_watch_alarm_.ArmAt(due) == 0) lease_watch_due_ = due;
@@ -381,13 +380,7 @@ void Engine::LookAtWatchedLeases() {
   }
   std::vector<std::shared_ptr<Qp>> dropped;  // released outside the lock
   std::lock_guard lock(lease_watch_mutex_);
-  for (const Qp* qp : unleased) {
-    const auto it = std::find_if(watched_leases_.begin(), watched_leases_.end(),
-                                 [&](const std::shared_ptr<Qp>& w) { return w.get() == qp; });
-    if (it == watched_leases_.end()) continue;
-    dropped.push_back(std::move(*it));
-    watched_leases_.erase(it);
-  }
+  for (const Qp* qp : unleased) dropped.push_back(UnwatchLocked(*qp));
   // Re-armed even for the time it went off for (drained now).
   lease_watch_due_ = TimerClock::time_point::min();
   RearmLeaseWatchLocked(now);
@@ -396,12 +389,17 @@ void Engine::LookAtWatchedLeases() {
 void Engine::ForgetWatchedLease(const Qp& qp) {
   std::shared_ptr<Qp> dropped;  // released outside the lock
   std::lock_guard lock(lease_watch_mutex_);
+  dropped = UnwatchLocked(qp);
+  if (dropped) RearmLeaseWatchLocked(TimerClock::now());
+}
+
+std::shared_ptr<Qp> Engine::UnwatchLocked(const Qp& qp) {
   const auto it = std::find_if(watched_leases_.begin(), watched_leases_.end(),
                                [&](const std::shared_ptr<Qp>& w) { return w.get() == &qp; });
-  if (it == watched_leases_.end()) return;
-  dropped = std::move(*it);
+  if (it == watched_leases_.end()) return nullptr;
+  std::shared_ptr<Qp> taken = std::move(*it);
   watched_leases_.erase(it);
-  RearmLeaseWatchLocked(TimerClock::now());
+  return taken;
 }
 
 void Engine::RunCommands() {

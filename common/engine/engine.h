@@ -197,12 +197,9 @@ class Engine {
   // wake-ups for timers, such as the looks at read leases (tests).
   std::uint64_t timer_turns() const { return timer_turns_.load(std::memory_order_relaxed); }
   // Turns of the progress thread woken by the lease watch's alarm
-  // (LookAtWatchedLeases), and the watch's re-arms (tests).
+  // (LookAtWatchedLeases; tests).
   std::uint64_t lease_watch_turns() const {
     return lease_watch_turns_.load(std::memory_order_relaxed);
-  }
-  std::uint64_t lease_watch_rearms() const {
-    return lease_watch_rearms_.load(std::memory_order_relaxed);
   }
 
   // QPs whose socket is full (write interest armed), and the unsent limit
@@ -258,6 +255,8 @@ class Engine {
   void LookAtWatchedLeases();
   // Progress thread, in `qp`'s detach.
   void ForgetWatchedLease(const Qp& qp);
+  // Takes `qp` out of the watch; null if it was not in it.
+  std::shared_ptr<Qp> UnwatchLocked(const Qp& qp);
   // Waits for poller events: epoll_wait, after the adaptive spin if
   // config_.progress_spin asks for one.
   int WaitForEvents(std::span<transport::Poller::Event> events);
@@ -326,7 +325,6 @@ class Engine {
   std::atomic<TimerClock::rep> lease_watch_rearm_after_{
       TimerClock::time_point::max().time_since_epoch().count()};
   std::atomic<std::uint64_t> lease_watch_turns_{0};
-  std::atomic<std::uint64_t> lease_watch_rearms_{0};
 
   // Progress thread only: the current spin budget (adaptive, <= progress_spin).
   std::chrono::nanoseconds spin_budget_{0};

@@ -1168,7 +1168,7 @@ void Qp::OnTimer(std::chrono::steady_clock::time_point now) {
       if (check.watch) {
         // Extended all along: from now on the polls that extend it keep
         // the engine's watch from waking this thread (read_lease.h).
-        lease_check_at_ = std::chrono::steady_clock::time_point::max();
+        lease_check_at_ = kLeaseWatched;
         lease_watched = true;
       } else if (!check.end) {
         // A driving poll extended it: look again later, and less often the
@@ -1545,7 +1545,7 @@ void Qp::EndReadLease() {
 
 bool Qp::read_lease_watched() const {
   std::lock_guard lock(poll_mutex_);
-  return read_leased_ && lease_check_at_ == std::chrono::steady_clock::time_point::max();
+  return read_leased_ && lease_check_at_ == kLeaseWatched;
 }
 
 bool Qp::LookAtWatchedLease(std::chrono::steady_clock::time_point now) {
@@ -1554,7 +1554,7 @@ bool Qp::LookAtWatchedLease(std::chrono::steady_clock::time_point now) {
     if (!read_leased_) return false;
     // A lease taken again since it was handed over is the timers' until
     // its looks reach the bound.
-    if (lease_check_at_ != std::chrono::steady_clock::time_point::max()) return false;
+    if (lease_check_at_ != kLeaseWatched) return false;
     read_lease_looks_.fetch_add(1, std::memory_order_relaxed);
     const std::chrono::steady_clock::time_point until(std::chrono::steady_clock::duration(
         read_lease_until_.load(std::memory_order_relaxed)));

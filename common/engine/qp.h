@@ -645,7 +645,9 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   bool read_leased_ = false;  // guarded by poll_mutex_
   // The progress thread's next look at the lease and the interval before
   // it (CheckReadLease); a timer due earlier leaves the lease alone, and
-  // so does every timer once the lease is watched (max).
+  // so does every timer once the lease is watched (kLeaseWatched).
+  static constexpr std::chrono::steady_clock::time_point kLeaseWatched =
+      std::chrono::steady_clock::time_point::max();
   std::chrono::steady_clock::time_point lease_check_at_{};        // guarded by poll_mutex_
   std::chrono::steady_clock::duration lease_check_interval_{};    // guarded by poll_mutex_
   std::atomic<std::uint64_t> read_lease_looks_{0};
