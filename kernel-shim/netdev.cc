@@ -11,8 +11,6 @@
 #include <netlink/route/addr.h>
 #include <netlink/route/link.h>
 #include <netlink/socket.h>
-#include <pthread.h>
-#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -26,7 +24,7 @@
 #include <thread>
 
 #include "common/util/log.h"
-#include "common/util/thread_name.h"
+#include "common/util/service_thread.h"
 
 namespace siwx::shim {
 namespace {
@@ -126,7 +124,6 @@ int CountMessage(nl_msg* /*msg*/, void* arg) {
 }
 
 void MonitorLoop(nl_sock* raw_sock, std::function<void()> on_change) {
-  util::NameThisThread("siwx-netdev");
   SocketPtr sock(raw_sock);
   int messages = 0;
   nl_socket_modify_cb(sock.get(), NL_CB_VALID, NL_CB_CUSTOM, CountMessage, &messages);
@@ -161,18 +158,12 @@ bool StartNetdevMonitor(std::function<void()> on_change) {
                     "follow link changes", nl_geterror(err));
     return false;
   }
-  // The thread inherits the signal mask: block everything while creating it.
-  sigset_t all;
-  sigset_t saved;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &saved);
   bool started = true;
   try {
-    std::thread(MonitorLoop, sock.get(), std::move(on_change)).detach();
+    util::StartServiceThread("siwx-netdev", MonitorLoop, sock.get(), std::move(on_change)).detach();
   } catch (...) {
     started = false;
   }
-  pthread_sigmask(SIG_SETMASK, &saved, nullptr);
   if (!started) {
     SIWX_LOG(kWarn, "cannot start the network interface monitor thread; port states "
                     "will not follow link changes");

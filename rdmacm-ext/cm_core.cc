@@ -18,7 +18,7 @@
 #include <utility>
 
 #include "common/util/log.h"
-#include "common/util/thread_name.h"
+#include "common/util/service_thread.h"
 #include "rdmacm-ext/cm_core_internal.h"
 #include "rdmacm-ext/cm_devices.h"
 #include "rdmacm-ext/stream_handover.h"
@@ -163,10 +163,7 @@ int Core::EnsureLoop() {
     std::lock_guard lock(notify_mu_);
     notify_wake_fd_ = wake_fd;
   }
-  thread_ = std::thread([this] {
-    util::NameThisThread("siwx-cm");
-    Run();
-  });
+  thread_ = util::StartServiceThread("siwx-cm", [this] { Run(); });
   return 0;
 }
 

@@ -19,7 +19,7 @@
 
 #include "common/transport/socket_ops.h"
 #include "common/util/log.h"
-#include "common/util/thread_name.h"
+#include "common/util/service_thread.h"
 
 // The receive ring and the target SGL and iomap tables are written by the
 // peer's RDMA Writes (the engine's receive thread places them) while we read
@@ -1221,7 +1221,6 @@ void Disconnect(Socket& s) {
 }
 
 void LingerLoop() {
-  util::NameThisThread("siwx-rs-linger");
   Lingerer& l = Lingering();
   std::unique_lock lock(l.mu);
   for (;;) {
@@ -1275,7 +1274,7 @@ void Linger(const std::shared_ptr<Socket>& s) {
     // The parent's thread object: neither joinable nor detachable here; kept.
     if (l.thread.joinable()) new std::thread(std::move(l.thread));
     l.sockets.clear();
-    l.thread = std::thread(LingerLoop);
+    l.thread = util::StartServiceThread("siwx-rs-linger", LingerLoop);
     l.owner = getpid();
   }
   l.sockets.push_back(s);

@@ -313,8 +313,15 @@ class Engine {
   bool stopping_ = false;               // guarded by command_mutex_
   std::thread::id thread_id_;           // written before the thread runs (under command_mutex_)
 
+  using TimerMap = std::multimap<TimerClock::time_point, std::weak_ptr<Qp>>;
   std::mutex timer_mutex_;
-  std::multimap<TimerClock::time_point, std::weak_ptr<Qp>> timers_;  // guarded by timer_mutex_
+  TimerMap timers_;  // guarded by timer_mutex_
+  // Nodes of timers that went off, for ScheduleTimer to reuse: a posting
+  // application thread schedules timers (a coalesced post's), and must not
+  // allocate for it (a signal handler of the application's that allocates
+  // would deadlock on the allocator's lock).
+  std::vector<TimerMap::node_type> spare_timer_nodes_;  // guarded by timer_mutex_
+  std::vector<std::shared_ptr<Qp>> due_timers_;  // RunTimers' (progress thread), kept for its capacity
 
   transport::Alarm lease_watch_alarm_;
   std::mutex lease_watch_mutex_;

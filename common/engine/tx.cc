@@ -1,8 +1,11 @@
 // SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 #include "common/engine/tx.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <span>
 #include <utility>
 
@@ -22,14 +25,14 @@ constexpr std::size_t kMaxIov = 1024;
 constexpr std::size_t kBatchOctets = std::size_t{2} << 20;
 constexpr std::size_t kMinSlots = 16;
 constexpr std::size_t kMaxSlots = 64;
-// Slots an idle QP keeps (a ping-pong needs one), and idle slots a thread
-// keeps for any QP it pumps. A streaming QP
-// goes idle after every batch, so the cache holds a full ring (kMaxSlots,
-// about 365 KiB per transmitting thread): with 16, ib_send_bw between two
-// namespaces fell from 1.07-1.14x to 0.77-0.81x iperf3, freeing and
-// allocating most of its slots for every 64 KiB message.
+// Slots an idle QP keeps (a ping-pong needs one), and idle slots the process
+// keeps for any QP. A streaming QP goes idle after every batch, so the pool
+// holds two full rings (kMaxSlots each, about 365 KiB): with room for 16 per
+// thread, ib_send_bw between two namespaces fell from 1.07-1.14x to
+// 0.77-0.81x iperf3, freeing and allocating most of its slots for every
+// 64 KiB message.
 constexpr std::size_t kKeptSlots = 1;
-constexpr std::size_t kCachedSlotsPerThread = kMaxSlots;
+constexpr std::size_t kPooledSlots = 2 * kMaxSlots;
 // Read Response copies (CRC on) a QP frames ahead of sendmsg: a batch of
 // them is copied, then read by sendmsg, so it should fit in one core's L2
 // (2 MiB here) next to the source and the kernel's socket buffers. A whole
@@ -296,9 +299,30 @@ bool QpTx::StartSqMessage() {
   return true;
 }
 
-std::vector<std::unique_ptr<QpTx::Slot>>& QpTx::SlotCache() {
-  thread_local std::vector<std::unique_ptr<Slot>> cache;
-  return cache;
+// One pool for all threads: a QP's slots are taken by the thread that frames
+// (the posting application's or the progress thread) and given back by the
+// one that finds the QP idle, often the other. With a pool per thread, one
+// thread's filled and freed while the other allocated a slot for nearly
+// every FPDU (performance-notes 3.35); an application thread must not
+// allocate per message at all, since an application signal handler that
+// allocates would deadlock on the allocator's lock it interrupted.
+struct QpTx::SlotPool {
+  std::mutex mutex;
+  std::vector<std::unique_ptr<Slot>> slots;  // guarded by mutex; most recently idle last
+};
+
+QpTx::SlotPool& QpTx::IdleSlots() {
+  // Never destroyed: QPs may be torn down after static destructors ran.
+  static SlotPool* const pool = [] {
+    auto* created = new SlotPool;
+    created->slots.reserve(kPooledSlots);
+    // A child of fork() must not inherit the mutex held by a thread it does
+    // not have.
+    pthread_atfork([] { IdleSlots().mutex.lock(); }, [] { IdleSlots().mutex.unlock(); },
+                   [] { IdleSlots().mutex.unlock(); });
+    return created;
+  }();
+  return *pool;
 }
 
 std::vector<QpTx::StagingBuffer>& QpTx::StagingPool() {
@@ -315,7 +339,7 @@ void QpTx::ReleaseIdleSlots() {
   static_assert(kKeptSlots == 1, "the kept slot is slot 0, where the next FPDU goes");
   first_ = 0;
   if (allocated_slots_ > kKeptSlots) {
-    std::vector<std::unique_ptr<Slot>>& cache = SlotCache();
+    std::size_t idle = 0;
     for (std::size_t i = kKeptSlots; i < slot_count_; ++i) {
       std::unique_ptr<Slot>& slot = slots_[i];
       if (!slot) continue;
@@ -325,12 +349,20 @@ void QpTx::ReleaseIdleSlots() {
       }
       slot->DropSources();
       ReturnStaging(*slot);
-      if (cache.size() < kCachedSlotsPerThread) {
-        cache.push_back(std::move(slot));
+      ++idle;
+    }
+    SlotPool& pool = IdleSlots();
+    std::lock_guard lock(pool.mutex);
+    for (std::size_t i = kKeptSlots; idle > 0 && i < slot_count_; ++i) {
+      std::unique_ptr<Slot>& slot = slots_[i];
+      if (!slot) continue;
+      if (pool.slots.size() < kPooledSlots) {
+        pool.slots.push_back(std::move(slot));
       } else {
         slot.reset();
       }
       --allocated_slots_;
+      --idle;
     }
   }
   if (slots_[0]) ReturnStaging(*slots_[0]);
@@ -339,13 +371,15 @@ void QpTx::ReleaseIdleSlots() {
 QpTx::Slot& QpTx::NewSlot() {
   std::unique_ptr<Slot>& entry = slots_[(first_ + in_flight_) % slot_count_];
   if (!entry) {
-    std::vector<std::unique_ptr<Slot>>& cache = SlotCache();
-    if (cache.empty()) {
-      entry = std::make_unique<Slot>();
-    } else {
-      entry = std::move(cache.back());
-      cache.pop_back();
+    SlotPool& pool = IdleSlots();
+    {
+      std::lock_guard lock(pool.mutex);
+      if (!pool.slots.empty()) {
+        entry = std::move(pool.slots.back());
+        pool.slots.pop_back();
+      }
     }
+    if (!entry) entry = std::make_unique<Slot>();
     ++allocated_slots_;
   }
   Slot& slot = *entry;

@@ -201,8 +201,9 @@ class QpTx {
   // idle QP keeps one slot however much it streamed. Costs one comparison
   // when the QP holds no more than that one.
   void ReleaseIdleSlots();
-  // This thread's idle slots (any QP's), for NewSlot to reuse.
-  static std::vector<std::unique_ptr<Slot>>& SlotCache();
+  // The process's idle slots (any QP's), for NewSlot to reuse.
+  struct SlotPool;
+  static SlotPool& IdleSlots();
   // This thread's free staging buffers (any QP's), most recently freed
   // last: the next copy goes into the one most likely still cached.
   static std::vector<StagingBuffer>& StagingPool();

@@ -36,7 +36,7 @@
 #include "common/mpa/mpa_negotiator.h"
 #include "common/transport/tcp_rendezvous.h"
 #include "common/util/log.h"
-#include "common/util/thread_name.h"
+#include "common/util/service_thread.h"
 #include "providers/siwx/mpa_stream_params.h"
 
 namespace siwx::provider {
@@ -397,7 +397,6 @@ int BindArmed(Device* device, std::uint64_t context_id, std::uint32_t qp_num,
 
 void Dial(Device* device, std::uint64_t context_id, std::uint32_t qp_num, std::uint64_t token,
           GidBytes local_gid, GidBytes remote_gid, std::uint32_t remote_qpn) {
-  util::NameThisThread("siwx-oob-dial");
   const Endpoint peer = *DecodeGid(remote_gid);
   const std::string where = EndpointText(peer);
   int fd = -1;
@@ -526,7 +525,6 @@ void ParkOrBind(Device* device, const Target& target, std::uint32_t qp_num,
 }
 
 void Serve(Device* device, int fd) {
-  util::NameThisThread("siwx-oob-serve");
   mpa::MpaNegotiator negotiator(MakeConfig(mpa::MpaRole::kResponder));
   std::optional<PrivateData> request;
   Target target;
@@ -589,7 +587,6 @@ void CheckWaits() {
 }
 
 void ListenLoop(Device* device, int listen_fd) {
-  util::NameThisThread("siwx-oob-listen");
   for (;;) {
     int fd = -1;
     const int rc = transport::AcceptTcp(listen_fd, kAcceptPollMs, &fd);
@@ -599,7 +596,7 @@ void ListenLoop(Device* device, int listen_fd) {
         transport::CloseFd(fd);  // the dialer sees the close and fails clearly
       } else {
         try {
-          std::thread([device, fd] {
+          util::StartServiceThread("siwx-oob-serve", [device, fd] {
             Serve(device, fd);
             g_handlers.fetch_sub(1);
           }).detach();
@@ -664,7 +661,7 @@ std::optional<GidBytes> LocalGid(Device* device) {
   }
   listener->endpoint = {address, htons(port)};
   try {
-    std::thread(ListenLoop, device, listener->fd).detach();
+    util::StartServiceThread("siwx-oob-listen", ListenLoop, device, listener->fd).detach();
   } catch (...) {
     SIWX_LOG(kError, "%s: cannot start the out-of-band listener thread", device->vdev.device.name);
     transport::CloseFd(listener->fd);
@@ -764,7 +761,8 @@ void OnRtr(Qp* qp, const ibv_qp_attr& attr, int attr_mask) {
     const std::uint32_t remote_qpn = attr.dest_qp_num;
     const GidBytes local_gid = *local;
     try {
-      std::thread(Dial, device, context_id, qp_num, token, local_gid, remote, remote_qpn)
+      util::StartServiceThread("siwx-oob-dial", Dial, device, context_id, qp_num, token, local_gid,
+                               remote, remote_qpn)
           .detach();
     } catch (...) {
       SIWX_LOG(kError, "QP %u: out-of-band connect failed: no thread to connect with", qp_num);

@@ -388,6 +388,80 @@ TEST_F(CmDevice, EstablishedStreamsGoToTheQp) {
   ExpectNoLeaks();
 }
 
+// Name and SigBlk of each thread of this process whose name starts "siwx-".
+std::vector<std::pair<std::string, std::uint64_t>> SiwxThreadSignalMasks() {
+  std::vector<std::pair<std::string, std::uint64_t>> out;
+  DIR* d = opendir("/proc/self/task");
+  if (d == nullptr) return out;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream status(std::string("/proc/self/task/") + e->d_name + "/status");
+    std::string line;
+    std::string name;
+    while (std::getline(status, line)) {
+      if (line.rfind("Name:\t", 0) == 0) name = line.substr(6);
+      if (line.rfind("SigBlk:", 0) == 0 && name.rfind("siwx-", 0) == 0) {
+        out.emplace_back(name, std::stoull(line.substr(7), nullptr, 16));
+      }
+    }
+  }
+  closedir(d);
+  return out;
+}
+
+// A process-directed signal (perftest's alarm() for -D, a shell's SIGINT)
+// must run the application's handler on one of its own threads: on a siwx
+// thread it could interrupt siwx inside the allocator or a lock, and a
+// handler that allocates (perftest's reads /proc through stdio) deadlocks.
+// Faults stay unblocked, so that they reach their handlers where they occur.
+TEST_F(CmDevice, SiwxThreadsLeaveTheApplicationsSignalsToItsThreads) {
+  Listener l;
+  l.Start();
+  Client c;
+  c.Resolve(l.port);
+  ibv_qp_init_attr attr = SmallRcQpAttr();
+  if (!CreateQp(c.id, &attr)) {
+    c.Stop();
+    l.Stop();
+    if (provider_missing_) GTEST_SKIP() << "the provider does not create CQs/QPs yet";
+    return;
+  }
+  ASSERT_EQ(c.Connect(), 0);
+  const EventCopy req = Expect(l.channel, RDMA_CM_EVENT_CONNECT_REQUEST);
+  ASSERT_NE(req.id, nullptr);
+  ibv_qp_init_attr sattr = SmallRcQpAttr();
+  ASSERT_TRUE(CreateQp(req.id, &sattr));
+  ASSERT_EQ(rdma_accept(req.id, nullptr), 0);
+  Expect(l.channel, RDMA_CM_EVENT_ESTABLISHED);
+  Expect(c.channel, RDMA_CM_EVENT_ESTABLISHED);
+
+  const auto masks = SiwxThreadSignalMasks();
+  auto named = [&](const char* name) {
+    return std::any_of(masks.begin(), masks.end(), [&](const auto& m) { return m.first == name; });
+  };
+  EXPECT_TRUE(named("siwx-cm")) << ThreadNames();
+  EXPECT_TRUE(named("siwx-progress")) << ThreadNames();
+  auto has = [](std::uint64_t set, int signal) { return ((set >> (signal - 1)) & 1) != 0; };
+  for (const auto& [name, blocked] : masks) {
+    for (int s : {SIGALRM, SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGCHLD, SIGPIPE}) {
+      EXPECT_TRUE(has(blocked, s)) << name << " takes signal " << s;
+    }
+    for (int s : {SIGSEGV, SIGBUS, SIGFPE, SIGILL}) {
+      EXPECT_FALSE(has(blocked, s)) << name << " blocks fault signal " << s;
+    }
+  }
+
+  ASSERT_EQ(rdma_disconnect(c.id), 0);
+  Expect(c.channel, RDMA_CM_EVENT_DISCONNECTED);
+  Expect(l.channel, RDMA_CM_EVENT_DISCONNECTED, 5000ms);
+  rdma_destroy_qp(req.id);
+  rdma_destroy_qp(c.id);
+  EXPECT_EQ(rdma_destroy_id(req.id), 0);
+  c.Stop();
+  l.Stop();
+  ExpectNoLeaks();
+}
+
 // A connected pair whose Responder QP has one Send of the Initiator in its
 // receive CQ, not yet polled, and whose Initiator destroyed its QP and id
 // right after its Send completed (a reset, as ofi_rxm closing a connection).

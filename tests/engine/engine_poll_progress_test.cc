@@ -23,69 +23,6 @@
 namespace siwx::engine::testing {
 namespace {
 
-// Holds an engine's progress thread: a QP of that engine whose receive CQ's
-// notification callback (which runs on the progress thread) waits until
-// Release. Its peer lives on another engine.
-class ProgressThreadBlocker {
- public:
-  ProgressThreadBlocker(Node& victim, Engine* peer_engine) : peer_(NodeOptions{}, peer_engine) {
-    CompletionQueue::Callbacks callbacks;
-    callbacks.on_completion = [this] {
-      std::unique_lock lock(mutex_);
-      blocked_ = true;
-      cv_.notify_all();
-      cv_.wait(lock, [this] { return released_; });
-    };
-    cq_ = CompletionQueue::Create(16, std::move(callbacks));
-    QpConfig config;
-    config.pd = victim.pd;
-    config.send_cq = cq_.get();
-    config.recv_cq = cq_.get();
-    config.sq_caps = QueueCaps{16, kMaxSge, kMaxInlineData};
-    config.rq_caps = QueueCaps{16, kMaxSge, 0};
-    qp_ = victim.engine->CreateQp(config);
-    EXPECT_NE(qp_, nullptr);
-    EXPECT_EQ(qp_->Modify(QpState::kInit), QpStatus::kOk);
-    const std::array<int, 2> fds = Connect(Transport::kSocketPair);
-    peer_.Bind(fds[0], StreamParams{});
-    EXPECT_EQ(qp_->Bind(std::make_unique<transport::TcpStream>(fds[1]), StreamParams{}),
-              BindStatus::kOk);
-  }
-  ~ProgressThreadBlocker() {
-    Release();
-    if (qp_) qp_->Destroy();
-  }
-
-  // Returns once the victim's progress thread is held in the callback.
-  bool Block() {
-    ReceiveWorkRequest rwr;
-    rwr.wr_id = 1;
-    if (qp_->PostRecv(rwr) != PostStatus::kOk) return false;
-    cq_->Arm(CqArm::kNextCompletion);
-    if (peer_.qp->PostSend(MakeSend(1, SendOpcode::kSend, 0)) != PostStatus::kOk) return false;
-    std::unique_lock lock(mutex_);
-    return cv_.wait_for(lock, kWait, [this] { return blocked_; });
-  }
-  bool blocked() {
-    std::lock_guard lock(mutex_);
-    return blocked_ && !released_;
-  }
-  void Release() {
-    std::lock_guard lock(mutex_);
-    released_ = true;
-    cv_.notify_all();
-  }
-
- private:
-  Node peer_;
-  std::unique_ptr<CompletionQueue> cq_;
-  std::shared_ptr<Qp> qp_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  bool blocked_ = false;   // guarded by mutex_
-  bool released_ = false;  // guarded by mutex_
-};
-
 // One more QP of b's engine, on b's CQs, connected over TCP to a new node on
 // `peer_engine`: one more driver of b's CQs.
 struct ExtraQpOnTheCqs {
