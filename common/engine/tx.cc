@@ -301,11 +301,11 @@ bool QpTx::StartSqMessage() {
 
 // One pool for all threads: a QP's slots are taken by the thread that frames
 // (the posting application's or the progress thread) and given back by the
-// one that finds the QP idle, often the other. With a pool per thread, one
-// thread's filled and freed while the other allocated a slot for nearly
-// every FPDU (performance-notes 3.35); an application thread must not
-// allocate per message at all, since an application signal handler that
-// allocates would deadlock on the allocator's lock it interrupted.
+// one that finds the QP idle, often the other. With a cache per thread, the
+// progress thread's overflowed and freed slots while the posting thread
+// allocated one for most FPDUs (performance-notes 3.35). An application
+// thread must not allocate per message at all: an application's signal
+// handler that allocates would deadlock on the allocator lock it interrupted.
 struct QpTx::SlotPool {
   std::mutex mutex;
   std::vector<std::unique_ptr<Slot>> slots;  // guarded by mutex; most recently idle last
