@@ -43,6 +43,43 @@ class CmDevice : public LeakCheck {
     EXPECT_TRUE(provider_missing_) << "rdma_create_qp: errno " << errno;
     return false;
   }
+  // Connects `c` to `l` with a SmallRcQpAttr QP at each end, up to
+  // ESTABLISHED at both, and returns the Responder's id. nullptr, with `c`
+  // and `l` stopped, if the provider makes no QPs (provider_missing_) or a
+  // step failed (reported).
+  rdma_cm_id* ConnectWithQps(Listener& l, Client& c) {
+    l.Start();
+    c.Resolve(l.port);
+    rdma_cm_id* responder = nullptr;
+    ibv_qp_init_attr attr = SmallRcQpAttr();
+    if (CreateQp(c.id, &attr)) {
+      EXPECT_EQ(c.Connect(), 0);
+      const EventCopy req = Expect(l.channel, RDMA_CM_EVENT_CONNECT_REQUEST);
+      ibv_qp_init_attr sattr = SmallRcQpAttr();
+      if (req.id != nullptr && CreateQp(req.id, &sattr)) {
+        EXPECT_EQ(rdma_accept(req.id, nullptr), 0);
+        Expect(l.channel, RDMA_CM_EVENT_ESTABLISHED);
+        Expect(c.channel, RDMA_CM_EVENT_ESTABLISHED);
+        responder = req.id;
+      }
+    }
+    if (responder == nullptr) {
+      c.Stop();
+      l.Stop();
+    }
+    return responder;
+  }
+  // Disconnects what ConnectWithQps connected and destroys its QPs and ids.
+  void DisconnectAndDestroy(Listener& l, Client& c, rdma_cm_id* responder) {
+    EXPECT_EQ(rdma_disconnect(c.id), 0);
+    Expect(c.channel, RDMA_CM_EVENT_DISCONNECTED);
+    Expect(l.channel, RDMA_CM_EVENT_DISCONNECTED, 5000ms);
+    rdma_destroy_qp(responder);
+    rdma_destroy_qp(c.id);
+    EXPECT_EQ(rdma_destroy_id(responder), 0);
+    c.Stop();
+    l.Stop();
+  }
   bool Listed(ibv_context* c) const {
     return std::find(devices_.begin(), devices_.end(), c) != devices_.end();
   }
@@ -314,26 +351,14 @@ TEST_F(CmDevice, CreateQpExCarriesSendOpsFlags) {
 TEST_F(CmDevice, EstablishedStreamsGoToTheQp) {
   const bool provider_binds = dlsym(RTLD_DEFAULT, "siwx_qp_bind_stream") != nullptr;
   Listener l;
-  l.Start();
   Client c;
-  c.Resolve(l.port);
-  ibv_qp_init_attr attr = SmallRcQpAttr();
-  if (!CreateQp(c.id, &attr)) {
-    c.Stop();
-    l.Stop();
+  rdma_cm_id* const responder = ConnectWithQps(l, c);
+  if (responder == nullptr) {
     if (provider_missing_) GTEST_SKIP() << "the provider does not create CQs/QPs yet";
-    return;
+    FAIL() << "no connection with QPs";
   }
-  ASSERT_EQ(c.Connect(), 0);
-  const EventCopy req = Expect(l.channel, RDMA_CM_EVENT_CONNECT_REQUEST);
-  ASSERT_NE(req.id, nullptr);
-  ibv_qp_init_attr sattr = SmallRcQpAttr();
-  ASSERT_TRUE(CreateQp(req.id, &sattr));
-  ASSERT_EQ(rdma_accept(req.id, nullptr), 0);
-  Expect(l.channel, RDMA_CM_EVENT_ESTABLISHED);
-  Expect(c.channel, RDMA_CM_EVENT_ESTABLISHED);
   EXPECT_EQ(Info(c.id).stream_bound, provider_binds ? 1u : 0u);
-  EXPECT_EQ(Info(req.id).stream_bound, provider_binds ? 1u : 0u);
+  EXPECT_EQ(Info(responder).stream_bound, provider_binds ? 1u : 0u);
   if (provider_binds) {
     // The stream carries a Send from the Initiator to the Responder (whose
     // first FPDU rule, RFC 5044 7.1.2 rule 4, this satisfies).
@@ -343,7 +368,7 @@ TEST_F(CmDevice, EstablishedStreamsGoToTheQp) {
     // enum type, which clang warns about.
     const int access = IBV_ACCESS_LOCAL_WRITE;
     ibv_mr* out_mr = ibv_reg_mr(c.id->pd, out, sizeof(out), access);
-    ibv_mr* in_mr = ibv_reg_mr(req.id->pd, in, sizeof(in), access);
+    ibv_mr* in_mr = ibv_reg_mr(responder->pd, in, sizeof(in), access);
     ASSERT_NE(out_mr, nullptr);
     ASSERT_NE(in_mr, nullptr);
     ibv_sge rsge{reinterpret_cast<std::uintptr_t>(in), sizeof(in), in_mr->lkey};
@@ -352,7 +377,7 @@ TEST_F(CmDevice, EstablishedStreamsGoToTheQp) {
     rwr.sg_list = &rsge;
     rwr.num_sge = 1;
     ibv_recv_wr* bad_r = nullptr;
-    ASSERT_EQ(ibv_post_recv(req.id->qp, &rwr, &bad_r), 0);
+    ASSERT_EQ(ibv_post_recv(responder->qp, &rwr, &bad_r), 0);
     ibv_sge ssge{reinterpret_cast<std::uintptr_t>(out), sizeof(out), out_mr->lkey};
     ibv_send_wr swr{};
     swr.wr_id = 9;
@@ -369,7 +394,7 @@ TEST_F(CmDevice, EstablishedStreamsGoToTheQp) {
     ASSERT_TRUE(poll_one(c.id->send_cq, &wc));
     EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
     EXPECT_EQ(wc.wr_id, 9u);
-    ASSERT_TRUE(poll_one(req.id->recv_cq, &wc));
+    ASSERT_TRUE(poll_one(responder->recv_cq, &wc));
     EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
     EXPECT_EQ(wc.wr_id, 7u);
     EXPECT_EQ(wc.byte_len, sizeof(out));
@@ -377,14 +402,7 @@ TEST_F(CmDevice, EstablishedStreamsGoToTheQp) {
     ibv_dereg_mr(out_mr);
     ibv_dereg_mr(in_mr);
   }
-  ASSERT_EQ(rdma_disconnect(c.id), 0);
-  Expect(c.channel, RDMA_CM_EVENT_DISCONNECTED);
-  Expect(l.channel, RDMA_CM_EVENT_DISCONNECTED, 5000ms);
-  rdma_destroy_qp(req.id);
-  rdma_destroy_qp(c.id);
-  EXPECT_EQ(rdma_destroy_id(req.id), 0);
-  c.Stop();
-  l.Stop();
+  DisconnectAndDestroy(l, c, responder);
   ExpectNoLeaks();
 }
 
@@ -416,24 +434,12 @@ std::vector<std::pair<std::string, std::uint64_t>> SiwxThreadSignalMasks() {
 // Faults stay unblocked, so that they reach their handlers where they occur.
 TEST_F(CmDevice, SiwxThreadsLeaveTheApplicationsSignalsToItsThreads) {
   Listener l;
-  l.Start();
   Client c;
-  c.Resolve(l.port);
-  ibv_qp_init_attr attr = SmallRcQpAttr();
-  if (!CreateQp(c.id, &attr)) {
-    c.Stop();
-    l.Stop();
+  rdma_cm_id* const responder = ConnectWithQps(l, c);
+  if (responder == nullptr) {
     if (provider_missing_) GTEST_SKIP() << "the provider does not create CQs/QPs yet";
-    return;
+    FAIL() << "no connection with QPs";
   }
-  ASSERT_EQ(c.Connect(), 0);
-  const EventCopy req = Expect(l.channel, RDMA_CM_EVENT_CONNECT_REQUEST);
-  ASSERT_NE(req.id, nullptr);
-  ibv_qp_init_attr sattr = SmallRcQpAttr();
-  ASSERT_TRUE(CreateQp(req.id, &sattr));
-  ASSERT_EQ(rdma_accept(req.id, nullptr), 0);
-  Expect(l.channel, RDMA_CM_EVENT_ESTABLISHED);
-  Expect(c.channel, RDMA_CM_EVENT_ESTABLISHED);
 
   const auto masks = SiwxThreadSignalMasks();
   auto named = [&](const char* name) {
@@ -451,14 +457,7 @@ TEST_F(CmDevice, SiwxThreadsLeaveTheApplicationsSignalsToItsThreads) {
     }
   }
 
-  ASSERT_EQ(rdma_disconnect(c.id), 0);
-  Expect(c.channel, RDMA_CM_EVENT_DISCONNECTED);
-  Expect(l.channel, RDMA_CM_EVENT_DISCONNECTED, 5000ms);
-  rdma_destroy_qp(req.id);
-  rdma_destroy_qp(c.id);
-  EXPECT_EQ(rdma_destroy_id(req.id), 0);
-  c.Stop();
-  l.Stop();
+  DisconnectAndDestroy(l, c, responder);
   ExpectNoLeaks();
 }
 
