@@ -134,6 +134,15 @@ void CompletionQueue::WakeWaitersIfQueued() {
   WakeWaiters();
 }
 
+bool CompletionQueue::WakeToHelp() {
+  // As for a push: a waiter counts itself before it reads wake_seq_, so one
+  // that misses this flag is woken by the bump behind it.
+  if (waiters_.load() == 0) return false;
+  help_wanted_.store(true);
+  WakeWaiters();
+  return true;
+}
+
 void CompletionQueue::WakeWaiters() {
   waiter_wakes_.fetch_add(1, std::memory_order_relaxed);
   wake_seq_.fetch_add(1);
@@ -262,6 +271,8 @@ std::size_t CompletionQueue::PollWithProgress(std::span<WorkCompletion> out) {
     std::unique_lock lock(drivers_mutex_, std::try_to_lock);
     if (!lock.owns_lock() || drivers_.empty()) return 0;
     tls_driving = true;
+    // A CQ's QPs are its device context's, of one engine: the first asks it.
+    const bool helped = drivers_.front()->HelpTransmit();
     // A few drivers per empty poll, round-robin: with many QPs on one CQ a
     // poll that drove them all cost a recvmsg each (docs/performance-notes.md
     // 3.4); the others get the next polls.
@@ -272,7 +283,7 @@ std::size_t CompletionQueue::PollWithProgress(std::span<WorkCompletion> out) {
     }
     // Every driver, not only those that had a turn: one that could still
     // make progress on this thread keeps the poll from sleeping.
-    may_wait = poll_wait_.count() > 0 && polls_only_this &&
+    may_wait = !helped && poll_wait_.count() > 0 && polls_only_this &&
                count_.load(std::memory_order_acquire) == 0 &&
                std::all_of(drivers_.begin(), drivers_.end(),
                            [this](PollDriver* d) { return d->PollMayWait(*this); });
@@ -376,6 +387,10 @@ void CompletionQueue::WaitForPush(bool push_due) {
     seq = wake_seq_.load();
     if (count_.load() > 0 || in_error_.load()) {
       pushed = true;
+      break;
+    }
+    if (help_wanted_.exchange(false)) {
+      pushed = true;  // activity: the poll returns and helps
       break;
     }
   }

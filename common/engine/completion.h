@@ -152,6 +152,10 @@ class PollDriver {
   // instead of on the CQ, for at most `max`. True if it slept: the CQ then
   // gives it a turn at once. Default: it cannot (the CQ's own wait follows).
   virtual bool WaitForInput(std::chrono::nanoseconds /*max*/) { return false; }
+  // Asked after an empty poll: takes the transmit turns the driver's engine
+  // shares with polling threads (Engine::HelpTransmit); true if it took
+  // any. Default: none.
+  virtual bool HelpTransmit() { return false; }
   // Asked after a poll of `polled` returned completions, when this driver
   // said it awaits an answer (CompletionQueue::NoteAnswerAwaited): the
   // polling thread may wait for it here, reading the driver's input itself,
@@ -269,6 +273,10 @@ class CompletionQueue {
   // (Qp::PostSendList coalesces back-to-back posts): the next Poll, on any
   // thread, first has every driver transmit it (PollDriver::FlushOwedTx).
   void NoteTxOwed() { tx_owed_.store(true, std::memory_order_release); }
+  // The progress thread shares transmit turns (Engine::ShareTransmitTurns):
+  // if a thread sleeps in a poll of this CQ, its wait ends so that it helps.
+  // False if none sleeps.
+  bool WakeToHelp();
   // A driver's last post expects an answer that its application waits for
   // outside verbs: the next poll that returns completions lets the drivers
   // wait for it (PollDriver::AwaitAnswer).
@@ -347,6 +355,8 @@ class CompletionQueue {
   std::atomic<std::int64_t> next_poll_wait_us_{0};
   std::atomic<std::uint32_t> wake_seq_{0};
   std::atomic<std::uint32_t> waiters_{0};  // raised under mutex_, lowered without
+  // Set by WakeToHelp: ends a poll's wait, whose thread then helps.
+  std::atomic<bool> help_wanted_{false};
   std::atomic<std::uint64_t> poll_waits_{0};
   std::atomic<std::uint64_t> waiter_wakes_{0};
   std::atomic<std::uint64_t> poll_wait_timeouts_{0};

@@ -171,7 +171,7 @@ void Engine::Emit(const AsyncEvent& event) const {
 }
 
 void Engine::Run() {
-  std::array<transport::Poller::Event, 64> events{};
+  std::array<transport::Poller::Event, kEventsPerWait> events{};
   // Pollers sleeping on a CQ are woken once per phase below, not per
   // completion (CompletionQueue::DeferWakesOnThisThread).
   CompletionQueue::DeferWakesOnThisThread(true);
@@ -180,6 +180,7 @@ void Engine::Run() {
     const int n = WaitForEvents(events);
     bool rung = false;
     bool alarmed = false;
+    std::size_t shared = 0;
     for (int i = 0; i < n; ++i) {
       const transport::Poller::Event& ev = events[static_cast<std::size_t>(i)];
       if (ev.ptr() == &doorbell_) {
@@ -192,8 +193,14 @@ void Engine::Run() {
       }
       // Valid: the registry keeps the QP alive until its detach command,
       // which runs only after this batch.
-      static_cast<Qp*>(ev.ptr())->OnPollEvent(ev.readable, ev.writable, ev.hangup);
+      Qp* const qp = static_cast<Qp*>(ev.ptr());
+      if (ev.writable && !ev.readable && !ev.hangup) {
+        shared_tx_[shared++] = qp;  // at most kEventsPerWait
+        continue;
+      }
+      qp->OnPollEvent(ev.readable, ev.writable, ev.hangup);
     }
+    ShareTransmitTurns(shared);
     if (rung) doorbell_.Drain();
     CompletionQueue::WakeDeferred();
     RunCommands();
@@ -208,6 +215,50 @@ void Engine::Run() {
   if (spin_noted_) CompletionQueue::NoteResponderSpin(false);
   spin_noted_ = false;
   CompletionQueue::DeferWakesOnThisThread(false);
+}
+
+void Engine::ShareTransmitTurns(std::size_t count) {
+  if (count == 0) return;
+  if (count == 1) {
+    shared_tx_[0]->OnPollEvent(false, true, false);
+    return;
+  }
+  shared_tx_count_.store(static_cast<std::uint32_t>(count), std::memory_order_relaxed);
+  shared_tx_next_.store(0, std::memory_order_relaxed);
+  shared_tx_open_.store(true, std::memory_order_seq_cst);
+  // One helper: a second CPU is what this thread lacks; every sleeping
+  // poller woken would be a wake-up for a turn or two.
+  for (std::size_t i = 0; i < count; ++i) {
+    if (shared_tx_[i]->config().send_cq->WakeToHelp()) break;
+  }
+  for (;;) {
+    const std::uint32_t turn = shared_tx_next_.fetch_add(1, std::memory_order_relaxed);
+    if (turn >= count) break;
+    shared_tx_[turn]->OnPollEvent(false, true, false);
+  }
+  // Closed first, then the helpers counted: a helper that comes later sees
+  // it closed (both sequentially consistent).
+  shared_tx_open_.store(false, std::memory_order_seq_cst);
+  while (shared_tx_helpers_.load(std::memory_order_seq_cst) != 0) sched_yield();
+}
+
+bool Engine::HelpTransmit() {
+  if (!shared_tx_open_.load(std::memory_order_relaxed) || OnProgressThread()) return false;
+  shared_tx_helpers_.fetch_add(1, std::memory_order_seq_cst);
+  std::uint64_t taken = 0;
+  if (shared_tx_open_.load(std::memory_order_seq_cst)) {
+    const std::uint32_t count = shared_tx_count_.load(std::memory_order_relaxed);
+    for (;;) {
+      const std::uint32_t turn = shared_tx_next_.fetch_add(1, std::memory_order_relaxed);
+      if (turn >= count) break;
+      shared_tx_[turn]->TransmitWhenWritable();
+      ++taken;
+    }
+  }
+  shared_tx_helpers_.fetch_sub(1, std::memory_order_seq_cst);
+  if (taken == 0) return false;
+  transmit_turns_helped_.fetch_add(taken, std::memory_order_relaxed);
+  return true;
 }
 
 int Engine::WaitForEvents(std::span<transport::Poller::Event> events) {

@@ -21,8 +21,10 @@
 // the transmit side for the Read Responses it owes on its own thread (or
 // leaves them to the gate's current owner). It continues transmitting when
 // a socket becomes writable (application threads transmit inline from
-// PostSend), and runs the commands application threads hand it (attach a
-// stream, finalize a QP after an error or close, detach on destroy, flush
+// PostSend; the turns of several sockets found writable at once it shares
+// with an application thread that polls a CQ empty, ShareTransmitTurns),
+// and runs the commands application threads hand it (attach a stream,
+// finalize a QP after an error or close, detach on destroy, flush
 // receives, take over a transmit turn whose budget ran out).
 //
 // Ownership and ordering: `registry_mutex_` guards the QP map and the qp_num
@@ -169,6 +171,10 @@ class Engine {
 
   // True on the progress thread.
   bool OnProgressThread() const;
+  // A thread that polled a CQ of this engine empty (CompletionQueue::
+  // PollWithProgress) takes transmit turns the progress thread is sharing
+  // (ShareTransmitTurns), if any, until none is left. True if it took one.
+  bool HelpTransmit();
 
   // The progress thread's kernel thread id (for sched_getaffinity; tests),
   // and a wake-up that makes it run its loop once (it re-reads the
@@ -196,6 +202,11 @@ class Engine {
   // Turns of the progress thread that found a timer due (RunTimers): its
   // wake-ups for timers, such as the looks at read leases (tests).
   std::uint64_t timer_turns() const { return timer_turns_.load(std::memory_order_relaxed); }
+  // Transmit turns of sockets found writable that polling threads took
+  // (HelpTransmit; tests).
+  std::uint64_t transmit_turns_helped() const {
+    return transmit_turns_helped_.load(std::memory_order_relaxed);
+  }
   // Turns of the progress thread woken by the lease watch's alarm
   // (LookAtWatchedLeases; tests).
   std::uint64_t lease_watch_turns() const {
@@ -262,6 +273,15 @@ class Engine {
   int WaitForEvents(std::span<transport::Poller::Event> events);
   // WaitForEvents without progress_spin: the responder spin, then a sleep.
   int WaitAfterResponderSpin(std::span<transport::Poller::Event> events, int timeout_ms);
+  // Epoll events taken per wait.
+  static constexpr std::size_t kEventsPerWait = 64;
+  // The transmit turns of the first `count` entries of shared_tx_ (sockets
+  // this wake-up found writable, and nothing else of theirs): taken by this
+  // thread and by polling threads that help (HelpTransmit), one of them
+  // woken for it if it sleeps in a poll. With many streams the one
+  // progress thread was the sender of all of them, its CPU the limit while
+  // the other stayed partly idle (docs/performance-notes.md 3.36).
+  void ShareTransmitTurns(std::size_t count);
   // The spin of both: polls without blocking for up to `budget`, yielding
   // the CPU between polls once `yield_after` has passed. Returns what a poll
   // found (0: nothing within the budget, or the engine is stopping);
@@ -335,6 +355,17 @@ class Engine {
 
   // Progress thread only: the current spin budget (adaptive, <= progress_spin).
   std::chrono::nanoseconds spin_budget_{0};
+  // Transmit turns shared with polling threads (ShareTransmitTurns,
+  // HelpTransmit). The progress thread fills shared_tx_ and the count while
+  // sharing is closed and no helper is inside; turns are claimed through
+  // shared_tx_next_; it closes the sharing and waits for the helpers before
+  // anything can detach a QP, so a shared Qp* stays valid for them.
+  std::array<Qp*, kEventsPerWait> shared_tx_{};
+  std::atomic<std::uint32_t> shared_tx_count_{0};
+  std::atomic<std::uint32_t> shared_tx_next_{0};
+  std::atomic<bool> shared_tx_open_{false};
+  std::atomic<int> shared_tx_helpers_{0};
+  std::atomic<std::uint64_t> transmit_turns_helped_{0};
   // Progress thread only: the spin while it answers Reads (responder_spin.h),
   // and whether the events of the current wake-up came soon after its wait
   // began (found by that spin, or after a brief sleep).

@@ -1221,20 +1221,7 @@ void Qp::OnTimer(std::chrono::steady_clock::time_point now) {
 
 void Qp::OnPollEvent(bool readable, bool writable, bool hangup) {
   if (detached_ || !stream_) return;
-  if (writable) {
-    if (tx_gate_.load(std::memory_order_acquire) != 0) {
-      // Another thread owns the transmit side (an application transmitting
-      // inline). Level-triggered EPOLLOUT would wake this thread again and
-      // again until that thread fills the socket or empties its queue (up to
-      // 90 000 wake-ups a second with 64 QPs, performance-notes 3.14, 3.19), so the
-      // write interest comes off first; the kick below then makes the owner
-      // pump once more, and that pump arms it again if it finds the socket
-      // full (QpTx::Write). If the owner is gone by then, the kick pumps here.
-      tx_wakes_owned_.fetch_add(1, std::memory_order_relaxed);
-      SetWriteInterest(false);
-    }
-    KickTx();
-  }
+  if (writable) TransmitWhenWritable();
   // Waits out a receive turn an application thread may be taking.
   std::lock_guard rx_lock(rx_mutex_);
   if ((readable || hangup) && stream_) rx_.OnReadable(*stream_);
@@ -1246,6 +1233,23 @@ void Qp::OnPollEvent(bool readable, bool writable, bool hangup) {
     UnlockTxExclusive();
   }
 }
+
+void Qp::TransmitWhenWritable() {
+  if (tx_gate_.load(std::memory_order_acquire) != 0) {
+    // Another thread owns the transmit side (an application transmitting
+    // inline). Level-triggered EPOLLOUT would wake this thread again and
+    // again until that thread fills the socket or empties its queue (up to
+    // 90 000 wake-ups a second with 64 QPs, performance-notes 3.14, 3.19), so the
+    // write interest comes off first; the kick below then makes the owner
+    // pump once more, and that pump arms it again if it finds the socket
+    // full (QpTx::Write). If the owner is gone by then, the kick pumps here.
+    tx_wakes_owned_.fetch_add(1, std::memory_order_relaxed);
+    SetWriteInterest(false);
+  }
+  KickTx();
+}
+
+bool Qp::HelpTransmit() { return engine_->HelpTransmit(); }
 
 bool Qp::ReadInResponderSpin() {
   if (detached_ || !stream_) return false;

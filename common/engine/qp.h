@@ -352,6 +352,8 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // instead of the progress thread reading and waking it per push
   // (docs/performance-notes.md 3.16).
   bool WaitForInput(std::chrono::nanoseconds max) override;
+  // Engine::HelpTransmit of this QP's engine.
+  bool HelpTransmit() override;
   // The answer spin (EngineConfig::answer_spin). A ping-pong post (alone in
   // the SQ, after something came in) on a QP whose stream no CQ poll reads
   // (no read lease: no receive or Read outstanding, so its application
@@ -568,6 +570,10 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   void FlushReceives();                // command: flush the own RQ
   void OnTimer(std::chrono::steady_clock::time_point now);  // a timer of ours is due
   void OnPollEvent(bool readable, bool writable, bool hangup);
+  // OnPollEvent's transmit half, for a socket this wake-up found writable;
+  // also on a polling thread that helps (Engine::HelpTransmit), while the
+  // progress thread waits for it before any detach.
+  void TransmitWhenWritable();
   // Epoll interest (poll_mutex_): TX arms/disarms write interest; when the
   // peer closed, RX stops read interest (EPOLLIN/EPOLLRDHUP would stay set,
   // level-triggered) but keeps the fd so an orderly drain can still wait for

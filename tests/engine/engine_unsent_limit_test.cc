@@ -4,8 +4,10 @@
 // of kUnsentBudget for the streams waiting then, a stream that waits alone
 // keeps the system's default, and the count of waiting streams stays right
 // while application threads and the progress thread transmit on many QPs
-// of one CQ at once (docs/performance-notes.md 3.14). The peers are raw
-// TCP sockets that the test reads when it wants the streams to move.
+// of one CQ at once (docs/performance-notes.md 3.14); and the progress
+// thread shares the transmit turns of sockets found writable together with
+// a thread that polls their CQ empty (3.36). The peers are raw TCP sockets
+// that the test reads when it wants the streams to move.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -13,6 +15,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <span>
 #include <thread>
@@ -160,6 +163,15 @@ class UnsentLimitTest : public ::testing::Test {
   // EPOLLOUT found the transmit side owned and how many posts were left to
   // EPOLLOUT.
   void RunInlineTransmitters(std::chrono::microseconds pause);
+
+  // One application thread posts Writes to all the streams and polls their
+  // CQ with progress (perftest's -q loop), the CQ's polls waiting up to
+  // `poll_wait` when empty, while the peers read in bursts so that sockets
+  // fill and then become writable together. Every Write must complete
+  // exactly once, and the poller must have taken some of the progress
+  // thread's transmit turns (Engine::HelpTransmit). Stops posting once it
+  // has; posts at most kStreams x 2,000 Writes (500 MiB).
+  void RunHelpedStreams(std::chrono::microseconds poll_wait);
 
   std::unique_ptr<Engine> engine_;
   PdId pd_ = kNoPd;
@@ -370,6 +382,70 @@ void UnsentLimitTest::RunInlineTransmitters(std::chrono::microseconds pause) {
   }
   RecordProperty("epollout_while_owned", static_cast<int>(owned));
   RecordProperty("kicks_left_to_epollout", static_cast<int>(left));
+}
+
+void UnsentLimitTest::RunHelpedStreams(std::chrono::microseconds poll_wait) {
+  ASSERT_EQ(qps_.size(), kStreams);
+  constexpr std::uint64_t kMaxWritesPerStream = 2000;
+  WriteTally tally(kStreams * kMaxWritesPerStream);
+  send_cq_->set_poll_wait(poll_wait);
+  drain_pause_ = std::chrono::microseconds(2000);
+  StartDrain();
+  std::array<std::uint64_t, kStreams> posted{};
+  std::uint64_t total = 0;
+  std::array<WorkCompletion, 16> batch;
+  const auto deadline = Clock::now() + kWait;
+  bool helped = false;
+  while (Clock::now() < deadline) {
+    helped = engine_->transmit_turns_helped() > 0;
+    if (!helped) {
+      for (std::size_t i = 0; i < kStreams; ++i) {
+        for (int k = 0; k < 8 && posted[i] < kMaxWritesPerStream; ++k) {
+          const PostStatus status = PostWrite(i, i * kMaxWritesPerStream + posted[i]);
+          if (status == PostStatus::kQueueFull) break;
+          if (status != PostStatus::kOk) tally.failed.store(true);
+          ++posted[i];
+          ++total;
+        }
+      }
+    }
+    const std::size_t got = send_cq_->PollWithProgress(batch);
+    tally.Take(std::span(batch).first(got));
+    const bool all_posted = std::all_of(posted.begin(), posted.end(),
+                                        [](std::uint64_t p) { return p == kMaxWritesPerStream; });
+    if ((helped || all_posted) && tally.completed.load() == total) break;
+  }
+  EXPECT_TRUE(helped) << "the poller took none of the progress thread's transmit turns in "
+                      << total << " Writes";
+  EXPECT_FALSE(tally.failed.load());
+  ASSERT_EQ(tally.completed.load(), total) << "of the Writes posted";
+  for (std::size_t i = 0; i < kStreams; ++i) {
+    for (std::uint64_t w = 0; w < posted[i]; ++w) {
+      EXPECT_EQ(tally.seen[i * kMaxWritesPerStream + w].load(), 1) << "stream " << i << " wr " << w;
+    }
+  }
+  EXPECT_TRUE(WaitUntil([&] { return engine_->tx_blocked_streams() == 0; }));
+  const std::uint64_t payload = total * kSize;
+  EXPECT_TRUE(WaitUntil([&] { return drained_.load() >= payload; }))
+      << drained_.load() << " octets reached the peers, " << payload << " of payload sent";
+  RecordProperty("transmit_turns_helped", static_cast<int>(engine_->transmit_turns_helped()));
+}
+
+// With several streams waiting for their peers, a wake-up of the progress
+// thread finds several sockets writable at once. It shares those transmit
+// turns with the application thread that polls the streams' CQ empty, so
+// that ib_write_bw -q 64's sender is two threads on two CPUs, not the one
+// progress thread with the other CPU partly idle (performance-notes 3.36).
+// Helpers and the progress thread race over the turns and the QPs' transmit
+// gates: every Write completes exactly once (also under TSan).
+TEST_F(UnsentLimitTest, APollingThreadTakesTransmitTurnsOfWritableSockets) {
+  RunHelpedStreams(std::chrono::microseconds(0));
+}
+
+// The same with a poller that sleeps in its empty polls (SIWX_POLL_WAIT_US):
+// the progress thread wakes it to help.
+TEST_F(UnsentLimitTest, APollerSleepingInItsPollIsWokenToTakeTransmitTurns) {
+  RunHelpedStreams(std::chrono::microseconds(5000));
 }
 
 // Two application threads post and poll the one CQ of all the streams (as

@@ -370,9 +370,15 @@ class FakeDriver : public PollDriver {
   void OnCqArmed(const CompletionQueue& /*cq*/) override {}
   bool PollMayWait(const CompletionQueue& /*polled*/) override { return may_wait.load(); }
   bool PollPushDue() override { return push_due.load(); }
+  bool HelpTransmit() override {
+    help_asks.fetch_add(1);
+    return helps.load();
+  }
   std::atomic<bool> may_wait{true};
   std::atomic<bool> push_due{false};
+  std::atomic<bool> helps{false};  // HelpTransmit's answer: it took turns
   std::atomic<int> turns{0};
+  std::atomic<int> help_asks{0};
 };
 
 // The set-up the poll-wait tests share: CQs that fake drivers drive, with
@@ -450,6 +456,46 @@ TEST_F(CompletionQueuePollWait, PushFromAnotherThreadEndsTheWaitWithItsEntry) {
   EXPECT_EQ(out[0].wr_id, 5u);
   EXPECT_EQ(cq->poll_waits(), 1u);
   EXPECT_EQ(cq->poll_wait_timeouts(), 0u);
+}
+
+// The progress thread shares transmit turns (Engine::ShareTransmitTurns)
+// and asks a CQ for a helper: the wait of the thread asleep in an empty poll
+// of it ends (no timeout), and its next empty poll asks the driver for
+// turns. With nobody waiting there is nobody to wake.
+TEST_F(CompletionQueuePollWait, AskedForAHelperTheWaitOfAnEmptyPollEnds) {
+  CompletionQueue* cq = DrivenCq(8, kForever, {&driver});
+  EXPECT_FALSE(cq->WakeToHelp());
+  std::thread poller([&] {
+    // The first poll only notes the CQ, the second waits; the third helps
+    // (and so does not wait).
+    for (int i = 0; i < 3; ++i) cq->PollWithProgress(out);
+  });
+  while (cq->poll_waits() == 0) std::this_thread::yield();
+  driver.helps = true;
+  EXPECT_TRUE(cq->WakeToHelp());
+  poller.join();
+  EXPECT_EQ(cq->poll_waits(), 1u);
+  EXPECT_EQ(cq->poll_wait_timeouts(), 0u);
+  EXPECT_EQ(driver.help_asks.load(), 3);
+}
+
+// A poll whose thread took transmit turns (the driver says it helped) does
+// not wait: those turns may have completed work, and more may be shared.
+TEST_F(CompletionQueuePollWait, APollThatHelpedTransmitDoesNotWait) {
+  CompletionQueue* cq = DrivenCq(8, kForever, {&driver});
+  driver.helps = true;
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(cq->PollWithProgress(out), 0u);
+  EXPECT_EQ(cq->poll_waits(), 0u);
+  // Without turns taken the same thread's next empty poll waits again.
+  driver.helps = false;
+  std::thread pusher([&] {
+    while (cq->poll_waits() == 0) std::this_thread::yield();
+    EXPECT_EQ(cq->Push(Wc(1)), PushStatus::kOk);
+  });
+  EXPECT_EQ(cq->PollWithProgress(out), 1u);
+  pusher.join();
+  EXPECT_EQ(cq->poll_waits(), 1u);
+  PollSomethingElse();
 }
 
 // A wait where a driver says a push is due (a sink's stream, a full
