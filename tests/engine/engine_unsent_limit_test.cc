@@ -443,7 +443,8 @@ TEST_F(UnsentLimitTest, APollingThreadTakesTransmitTurnsOfWritableSockets) {
 }
 
 // The same with a poller that sleeps in its empty polls (SIWX_POLL_WAIT_US):
-// the progress thread wakes it to help.
+// it still takes turns, woken to help or by a completion (that the wake-up
+// itself ends the wait is CompletionQueuePollWait's test).
 TEST_F(UnsentLimitTest, APollerSleepingInItsPollIsWokenToTakeTransmitTurns) {
   RunHelpedStreams(std::chrono::microseconds(5000));
 }
