@@ -194,7 +194,9 @@ void Engine::Run() {
       // Valid: the registry keeps the QP alive until its detach command,
       // which runs only after this batch.
       Qp* const qp = static_cast<Qp*>(ev.ptr());
-      if (ev.writable && !ev.readable && !ev.hangup) {
+      // A finalized QP's writable turn may end in closing its drained
+      // stream (OnPollEvent), which only this thread does.
+      if (ev.writable && !ev.readable && !ev.hangup && !qp->finalized()) {
         shared_tx_[shared++] = qp;  // at most kEventsPerWait
         continue;
       }
@@ -220,7 +222,7 @@ void Engine::Run() {
 void Engine::ShareTransmitTurns(std::size_t count) {
   if (count == 0) return;
   if (count == 1) {
-    shared_tx_[0]->OnPollEvent(false, true, false);
+    shared_tx_[0]->TransmitWhenWritable();
     return;
   }
   shared_tx_count_.store(static_cast<std::uint32_t>(count), std::memory_order_relaxed);
@@ -231,30 +233,29 @@ void Engine::ShareTransmitTurns(std::size_t count) {
   for (std::size_t i = 0; i < count; ++i) {
     if (shared_tx_[i]->config().send_cq->WakeToHelp()) break;
   }
-  for (;;) {
-    const std::uint32_t turn = shared_tx_next_.fetch_add(1, std::memory_order_relaxed);
-    if (turn >= count) break;
-    shared_tx_[turn]->OnPollEvent(false, true, false);
-  }
+  TakeSharedTurns();
   // Closed first, then the helpers counted: a helper that comes later sees
   // it closed (both sequentially consistent).
   shared_tx_open_.store(false, std::memory_order_seq_cst);
   while (shared_tx_helpers_.load(std::memory_order_seq_cst) != 0) sched_yield();
 }
 
+std::uint64_t Engine::TakeSharedTurns() {
+  const std::uint32_t count = shared_tx_count_.load(std::memory_order_relaxed);
+  std::uint64_t taken = 0;
+  for (;;) {
+    const std::uint32_t turn = shared_tx_next_.fetch_add(1, std::memory_order_relaxed);
+    if (turn >= count) return taken;
+    shared_tx_[turn]->TransmitWhenWritable();
+    ++taken;
+  }
+}
+
 bool Engine::HelpTransmit() {
   if (!shared_tx_open_.load(std::memory_order_relaxed) || OnProgressThread()) return false;
   shared_tx_helpers_.fetch_add(1, std::memory_order_seq_cst);
-  std::uint64_t taken = 0;
-  if (shared_tx_open_.load(std::memory_order_seq_cst)) {
-    const std::uint32_t count = shared_tx_count_.load(std::memory_order_relaxed);
-    for (;;) {
-      const std::uint32_t turn = shared_tx_next_.fetch_add(1, std::memory_order_relaxed);
-      if (turn >= count) break;
-      shared_tx_[turn]->TransmitWhenWritable();
-      ++taken;
-    }
-  }
+  const std::uint64_t taken =
+      shared_tx_open_.load(std::memory_order_seq_cst) ? TakeSharedTurns() : 0;
   shared_tx_helpers_.fetch_sub(1, std::memory_order_seq_cst);
   if (taken == 0) return false;
   transmit_turns_helped_.fetch_add(taken, std::memory_order_relaxed);

@@ -276,12 +276,16 @@ class Engine {
   // Epoll events taken per wait.
   static constexpr std::size_t kEventsPerWait = 64;
   // The transmit turns of the first `count` entries of shared_tx_ (sockets
-  // this wake-up found writable, and nothing else of theirs): taken by this
+  // this wake-up found writable, and nothing else of theirs, of QPs not
+  // finalized): taken by this
   // thread and by polling threads that help (HelpTransmit), one of them
   // woken for it if it sleeps in a poll. With many streams the one
   // progress thread was the sender of all of them, its CPU the limit while
   // the other stayed partly idle (docs/performance-notes.md 3.36).
   void ShareTransmitTurns(std::size_t count);
+  // Claims the open share's turns until none is left, on the progress
+  // thread or a helper; returns how many it took.
+  std::uint64_t TakeSharedTurns();
   // The spin of both: polls without blocking for up to `budget`, yielding
   // the CPU between polls once `yield_after` has passed. Returns what a poll
   // found (0: nothing within the budget, or the engine is stopping);

@@ -571,7 +571,8 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   void OnTimer(std::chrono::steady_clock::time_point now);  // a timer of ours is due
   void OnPollEvent(bool readable, bool writable, bool hangup);
   // OnPollEvent's transmit half, for a socket this wake-up found writable;
-  // also on a polling thread that helps (Engine::HelpTransmit), while the
+  // all of it for a QP not finalized (its stream stays open), so it also
+  // runs on a polling thread that helps (Engine::HelpTransmit), while the
   // progress thread waits for it before any detach.
   void TransmitWhenWritable();
   // Epoll interest (poll_mutex_): TX arms/disarms write interest; when the
