@@ -451,6 +451,7 @@ PostStatus Qp::PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* p
   quiet_mark_.store(~std::uint64_t{0}, std::memory_order_relaxed);
   bool alone = false;  // a ping-pong post (placement)
   bool coalesce = false;  // transmit later, with the posts that follow
+  std::optional<std::chrono::steady_clock::time_point> held_deadline;
   std::uint64_t answer_fpdus = 0;  // counters_.rx_fpdus when it was posted
   if (destroyed_.load(std::memory_order_acquire)) {
     status = PostStatus::kInvalidState;
@@ -498,11 +499,12 @@ PostStatus Qp::PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* p
       entry.status = WcStatus::kSuccess;
       entry.msn = 0;
       // Closing/Terminate/Error: the WR is never started. Once the QP is
-      // finalized it completes at once; before that, finalization flushes it
-      // behind the earlier WRs, keeping completion order.
+      // finalized it completes at once (unless sends are held); before that,
+      // finalization flushes it behind the earlier WRs, keeping completion
+      // order.
       entry.flush_status = WcStatus::kWrFlushErr;
       entry.flush_only = disposition == PostDisposition::kFlush;
-      if (entry.flush_only && sq_finalized_) {
+      if (entry.flush_only && sq_finalized_ && !sends_held_) {
         entry.done = true;
         entry.status = WcStatus::kWrFlushErr;
         flushed = true;
@@ -521,9 +523,11 @@ PostStatus Qp::PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* p
     // ping-pong whose earlier unsignaled WRs are still in the SQ), so it
     // transmits at once.
     if (count > 0) coalesce = CoalesceTx(wrs.first(count), answer);
+    if (count > 0 && sends_held_) held_deadline = StartHeldSendClockLocked();
   }
   if (posted != nullptr) *posted = count;
   if (flushed) RetireSq();
+  if (held_deadline) engine_->ScheduleTimer(shared_from_this(), *held_deadline);
   // A ping-pong whose answer the progress thread places (no read lease): it
   // keeps off this CPU; a stream: no need (placement.h).
   const bool leased = read_lease_until_.load(std::memory_order_relaxed) != 0;
@@ -630,8 +634,11 @@ QpStatus Qp::Modify(QpState target, std::optional<QpState> expected_current) {
     queue_sends_before_stream_.store(false);
     ib_teardown_.store(false);
   }
-  if (t.from == QpState::kError && t.to == QpState::kError && receives_held_.exchange(false)) {
-    engine_->Submit({Engine::CommandKind::kFlushReceives, shared_from_this(), 0});
+  if (t.from == QpState::kError && t.to == QpState::kError) {
+    if (receives_held_.exchange(false)) {
+      engine_->Submit({Engine::CommandKind::kFlushReceives, shared_from_this(), 0});
+    }
+    ReleaseHeldSends(std::nullopt);
   }
   TransitionEffects effects;
   effects.wait_for_finalize = true;
@@ -697,6 +704,8 @@ BindStatus Qp::Bind(std::unique_ptr<transport::TcpStream> stream, const StreamPa
     irq_outstanding_ = 0;
     sq_finalized_ = false;
     sq_error_seen_ = false;
+    sends_held_ = false;
+    held_sends_deadline_ = 0;
     tx_terminate_.reset();
     tx_close_ = TxClose::kNone;
     tx_mail_.store(false, std::memory_order_relaxed);
@@ -846,6 +855,55 @@ void Qp::FlushSqLocked() {
       e.status = e.flush_status;
     }
   }
+}
+
+std::optional<std::chrono::steady_clock::time_point> Qp::StartHeldSendClockLocked() {
+  const std::chrono::nanoseconds timeout(ib_retry_timeout_ns_.load(std::memory_order_relaxed));
+  if (!sends_held_ || held_sends_deadline_ != 0 || timeout.count() == 0) return std::nullopt;
+  bool outstanding = false;
+  for (std::uint64_t seq = sq_.head; seq != sq_.tail && !outstanding; ++seq) {
+    outstanding = !sq_.At(seq).done;
+  }
+  if (!outstanding) return std::nullopt;
+  const auto deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout);
+  held_sends_deadline_ = deadline.time_since_epoch().count();
+  return deadline;
+}
+
+void Qp::ReleaseHeldSends(std::optional<std::chrono::steady_clock::time_point> due) {
+  std::optional<std::uint64_t> timed_out;  // wr_id
+  {
+    std::lock_guard lock(queue_mutex_);
+    if (!sends_held_) return;
+    if (due) {
+      if (held_sends_deadline_ == 0 || due->time_since_epoch().count() < held_sends_deadline_) {
+        return;
+      }
+      // As an InfiniBand sender whose retries ran out: the oldest WR fails,
+      // the QP is in error from it on (RetireSq flushes the rest).
+      for (std::uint64_t seq = sq_.head; seq != sq_.tail; ++seq) {
+        SqEntry& e = sq_.At(seq);
+        if (!e.done) {
+          e.done = true;
+          e.status = WcStatus::kRetryExcErr;
+          timed_out = e.wr.wr_id;
+          break;
+        }
+      }
+    }
+    sends_held_ = false;
+    held_sends_deadline_ = 0;
+    FlushSqLocked();
+  }
+  if (timed_out) {
+    SIWX_QP_LOG(kInfo, qp_num_,
+                "the peer closed its end and send WR %llu waited out the transport timeout "
+                "(IBV_QP_TIMEOUT, IBV_QP_RETRY_CNT): it completes with retry count exceeded",
+                static_cast<unsigned long long>(*timed_out));
+  }
+  RetireSq();
 }
 
 void Qp::CountCompletion(WcStatus status) {
@@ -1007,6 +1065,13 @@ void Qp::Finalize(std::uint32_t flags) {
     }
     return;
   }
+  // UseIbTeardown: the peer ended the stream in order, as a peer that
+  // destroys its QP does. Its end leaves our WRs outstanding (the
+  // application may still be polling for the last message, and a flush in
+  // the same poll would look like a failure).
+  const bool peer_ended_in_order =
+      ib_teardown_.load() && peer_closed_gracefully_.load() && !abort && !discard;
+  std::optional<std::chrono::steady_clock::time_point> held_deadline;
   bool had_stream = false;
   LockTxExclusive();
   tx_.Stop();
@@ -1040,6 +1105,13 @@ void Qp::Finalize(std::uint32_t flags) {
       bound_ = false;
       pending_stream_.reset();
       sq_finalized_ = false;
+      sends_held_ = false;
+      held_sends_deadline_ = 0;
+    } else if (peer_ended_in_order) {
+      // SetIbRetryTimeout: what a destroyed peer QP never acknowledges.
+      sends_held_ = true;
+      sq_finalized_ = true;
+      held_deadline = StartHeldSendClockLocked();
     } else {
       FlushSqLocked();
       sq_finalized_ = true;
@@ -1052,13 +1124,10 @@ void Qp::Finalize(std::uint32_t flags) {
     tx_mail_.store(false, std::memory_order_relaxed);
   }
   if (!discard) RetireSq();
-  // UseIbTeardown: the peer ended the stream in order; its end leaves our
-  // receives as they are (the application may still be polling for the
-  // last message, and a flush in the same poll would look like a failure).
-  const bool hold_receives = ib_teardown_.load() && peer_closed_gracefully_.load() && !abort &&
-                             !discard;
-  if (hold_receives) receives_held_.store(true);
-  if (own_rq_ && !hold_receives) {
+  if (held_deadline) engine_->ScheduleTimer(shared_from_this(), *held_deadline);
+  // The peer's orderly end also leaves the receives as they are.
+  if (peer_ended_in_order) receives_held_.store(true);
+  if (own_rq_ && !peer_ended_in_order) {
     std::vector<ReceiveWorkRequest> flushed = own_rq_->Flush();
     if (!discard) {
       for (const ReceiveWorkRequest& wr : flushed) {
@@ -1197,6 +1266,7 @@ void Qp::OnTimer(std::chrono::steady_clock::time_point now) {
       return;
     }
   }
+  ReleaseHeldSends(now);
   const std::chrono::steady_clock::rep deadline = teardown_deadline_.load(std::memory_order_acquire);
   if (deadline == 0 || now.time_since_epoch().count() < deadline) return;
   if (finalized_ && !stream_) return;  // gone in time

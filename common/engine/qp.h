@@ -231,8 +231,22 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // orderly close leaves the posted receives outstanding instead of
   // flushing them (a peer that destroys its QP does not flush ours on
   // InfiniBand); they flush on a later ibv_modify_qp to ERR or post_recv.
-  // Cleared at RESET.
+  // Sends are held too (SetIbRetryTimeout). Cleared at RESET.
   void UseIbTeardown() { ib_teardown_.store(true); }
+  // Out-of-band connect: the InfiniBand transport timeout of ibv_modify_qp
+  // (IBV_QP_TIMEOUT, IBV_QP_RETRY_CNT): how long an RC sender retries
+  // before it gives up, 4.096 us x 2^timeout x (retry_cnt + 1); zero is
+  // InfiniBand's timeout 0, retry for ever. After the peer's orderly close
+  // (UseIbTeardown) the send WRs still outstanding, and those posted
+  // later, are held as an InfiniBand sender holds WRs that a destroyed
+  // peer QP never acknowledges: once the oldest has waited this long it
+  // completes with RetryExcErr and the rest flush; a modify to ERR flushes
+  // them at once. Without this a ping-pong that posts one more Send than it
+  // needs (ibv_srq_pingpong -q 4) got that Send's flush in the same poll as
+  // its last message, and failed.
+  void SetIbRetryTimeout(std::chrono::nanoseconds timeout) {
+    ib_retry_timeout_ns_.store(timeout.count(), std::memory_order_relaxed);
+  }
 
   // ibv_modify_qp(IBV_QP_STATE). Entering ERR aborts the stream (RST) and
   // flushes every WR; RESET discards them; SQD is Disconnect.
@@ -514,6 +528,13 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   void RetireSq() override;
   // Marks every unfinished SQ entry done with WrFlushErr (queue_mutex_ held).
   void FlushSqLocked();
+  // Held sends (SetIbRetryTimeout): starts the clock of the oldest held WR
+  // if none runs; returns the deadline to schedule a timer for.
+  std::optional<std::chrono::steady_clock::time_point> StartHeldSendClockLocked();
+  // Ends the hold: with `due`, only once the deadline has passed, the oldest
+  // WR completing with RetryExcErr; without, at once (modify to ERR). The
+  // rest flush.
+  void ReleaseHeldSends(std::optional<std::chrono::steady_clock::time_point> due);
   void PushRecvCompletion(const WorkCompletion& wc, bool solicited);
   // Counts an unsuccessful completion in the stats slot.
   void CountCompletion(WcStatus status);
@@ -600,6 +621,7 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   std::atomic<bool> ib_teardown_{false};             // UseIbTeardown
   std::atomic<bool> peer_closed_gracefully_{false};  // RX: FIN at a message boundary
   std::atomic<bool> receives_held_{false};           // Finalize kept the RQ (ib_teardown_)
+  std::atomic<std::chrono::nanoseconds::rep> ib_retry_timeout_ns_{0};  // SetIbRetryTimeout
   // RX -> TX: we may transmit (the peer's RTR, or the first FPDU a
   // responder waits for, arrived; true at once otherwise).
   std::atomic<bool> rtr_received_{false};
@@ -614,6 +636,10 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   std::uint32_t irq_outstanding_ = 0;    // guarded by queue_mutex_; requests not fully answered
   bool sq_finalized_ = false;            // guarded by queue_mutex_; TX is dead, flush at post
   bool sq_error_seen_ = false;           // guarded by queue_mutex_; a WR completed in error
+  // Guarded by queue_mutex_: Finalize kept the send WRs (SetIbRetryTimeout),
+  // and the steady_clock deadline of the oldest (0: no clock runs).
+  bool sends_held_ = false;
+  std::chrono::steady_clock::rep held_sends_deadline_ = 0;
   bool bound_ = false;                   // guarded by queue_mutex_
   StreamParams params_;                  // guarded by queue_mutex_; set at Bind
   std::size_t max_ulpdu_ = 0;            // guarded by queue_mutex_; set at Bind

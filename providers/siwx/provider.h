@@ -176,6 +176,8 @@ struct QpShared {
   unsigned int access_flags = 0;        // IBV_QP_ACCESS_FLAGS as last modified
   std::uint8_t max_rd_atomic = 0;       // IBV_QP_MAX_QP_RD_ATOMIC (ORD) as last modified
   std::uint8_t max_dest_rd_atomic = 0;  // IBV_QP_MAX_DEST_RD_ATOMIC (IRD) as last modified
+  std::uint8_t timeout = 0;             // IBV_QP_TIMEOUT as last modified
+  std::uint8_t retry_cnt = 0;           // IBV_QP_RETRY_CNT as last modified
   bool notify_pending = false;          // the end of the bound stream is still to be reported
   siwx_stream_notify notify{};          // valid while notify_pending
   // Out-of-band connect (oob.h, docs/out-of-band-connect.md).

@@ -27,12 +27,15 @@
 // the connection, RESET discards everything. IBV_QP_CUR_STATE must name the
 // current state.
 //
-// Attributes: IBV_QP_ACCESS_FLAGS (remote read/write/atomic, MW bind) and the
-// IRD/ORD attributes are recorded and reported by query_qp; IBV_QP_PORT must
-// be port 1. The InfiniBand path attributes (P_Key index, Q_Key, AV, path
-// MTU, timeouts, retry counts, PSNs, RNR timer, alternate path, migration
-// state, destination QPN, SQD notification) mean nothing on iWARP and are
-// ignored, as kernel siw ignores them. Resizing (IBV_QP_CAP) is not offered
+// Attributes: IBV_QP_ACCESS_FLAGS (remote read/write/atomic, MW bind), the
+// IRD/ORD attributes, the timeout and the retry count are recorded and
+// reported by query_qp; IBV_QP_PORT must be port 1. The other InfiniBand
+// path attributes (P_Key index, Q_Key, path MTU, PSNs, RNR timer, alternate
+// path, migration state, SQD notification) mean nothing on iWARP and are
+// ignored, as kernel siw ignores them; the AV and destination QPN arm the
+// out-of-band connect (oob.cc), and for QPs so connected the timeout and
+// retry count bound how long sends wait once the peer ended its QP
+// (engine::Qp::SetIbRetryTimeout). Resizing (IBV_QP_CAP) is not offered
 // and mask bits past IBV_QP_DEST_QPN (rate limit, ...) are EOPNOTSUPP, as
 // ibv_cmd_modify_qp answers. Any invalid attribute fails the whole call with
 // nothing changed.
@@ -59,6 +62,8 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <new>
 #include <optional>
@@ -270,6 +275,16 @@ ibv_qp* CreateEngineQp(ibv_pd* ibpd, ibv_qp_init_attr* attr) {
            ib.qp_num, attr->cap.max_send_wr, attr->cap.max_recv_wr,
            srq != nullptr ? ", SRQ" : "");
   return &ib;
+}
+
+// The InfiniBand transport timeout (ibv_modify_qp(3)): the local ACK timeout
+// 4.096 us x 2^timeout, tried retry_cnt + 1 times; timeout 0 waits for ever
+// (zero here). The fields are 5 and 3 bits wide; larger values count as
+// their maximum.
+std::chrono::nanoseconds IbRetryTimeout(std::uint8_t timeout, std::uint8_t retry_cnt) {
+  if (timeout == 0) return std::chrono::nanoseconds::zero();
+  const std::int64_t ack_timeout_ns = std::int64_t{4096} << std::min<int>(timeout, 31);
+  return std::chrono::nanoseconds(ack_timeout_ns * (std::min<int>(retry_cnt, 7) + 1));
 }
 
 // The checks of modify_qp that need no state: 0 or the errno.
@@ -557,6 +572,11 @@ int ModifyQp(ibv_qp* ibqp, ibv_qp_attr* attr, int attr_mask) noexcept {
   if ((attr_mask & IBV_QP_MAX_DEST_RD_ATOMIC) != 0) {
     shared.max_dest_rd_atomic = attr->max_dest_rd_atomic;
   }
+  if ((attr_mask & (IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT)) != 0) {
+    if ((attr_mask & IBV_QP_TIMEOUT) != 0) shared.timeout = attr->timeout;
+    if ((attr_mask & IBV_QP_RETRY_CNT) != 0) shared.retry_cnt = attr->retry_cnt;
+    engine_qp.SetIbRetryTimeout(IbRetryTimeout(shared.timeout, shared.retry_cnt));
+  }
   return 0;
 }
 
@@ -585,6 +605,8 @@ int QueryQp(ibv_qp* ibqp, ibv_qp_attr* attr, int /*attr_mask*/,
     attr->qp_access_flags = qp->shared->access_flags;
     attr->max_rd_atomic = qp->shared->max_rd_atomic;
     attr->max_dest_rd_atomic = qp->shared->max_dest_rd_atomic;
+    attr->timeout = qp->shared->timeout;
+    attr->retry_cnt = qp->shared->retry_cnt;
   }
   if (a.bound) {
     // The negotiated depths (RFC 6581 IRD/ORD) are what is in force.

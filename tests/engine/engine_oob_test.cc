@@ -2,8 +2,9 @@
 // The engine's part of the out-of-band QP connect
 // (docs/out-of-band-connect.md): Sends posted in RTR after the application
 // asked for RTS wait for the stream and go out first, in order; and a QP
-// told to end as an InfiniBand RC QP closes with FIN on Destroy and keeps
-// its receives when the peer closes in order.
+// told to end as an InfiniBand RC QP closes with FIN on Destroy, keeps its
+// receives when the peer closes in order, and holds its Sends for the
+// transport timeout.
 #include <cstdint>
 #include <vector>
 
@@ -120,10 +121,12 @@ TEST(EngineOobTest, IbTeardownDeliversTheLastMessageAndKeepsReceives) {
 }
 
 // Without UseIbTeardown the peer's close flushes the receives at once, as
-// the iWARP verbs say (the QP goes to ERR, WRs flush).
-TEST(EngineOobTest, WithoutIbTeardownThePeersCloseFlushesReceives) {
+// the iWARP verbs say (the QP goes to ERR, WRs flush), and so a Send posted
+// after it.
+TEST(EngineOobTest, WithoutIbTeardownThePeersCloseFlushesReceivesAndSends) {
   auto a = std::make_unique<Node>();
   Node b;
+  b.qp->SetIbRetryTimeout(std::chrono::seconds(30));  // not used without UseIbTeardown
   Buffer dst(kMsg);
   PostRecv(b, 30, dst, dst.Register(b.memory(), b.pd, AccessFlags::kLocalWrite));
   Link(*a, b, Transport::kTcp, {});
@@ -132,6 +135,79 @@ TEST(EngineOobTest, WithoutIbTeardownThePeersCloseFlushesReceives) {
   ASSERT_EQ(flushed.size(), 1u);
   EXPECT_EQ(flushed[0].wr_id, 30u);
   EXPECT_EQ(flushed[0].status, WcStatus::kWrFlushErr);
+  Buffer src(kMsg);
+  ASSERT_EQ(b.qp->PostSend(SendOf(31, src, src.Register(b.memory(), b.pd,
+                                                         AccessFlags::kLocalWrite))),
+            PostStatus::kOk);
+  const std::vector<WorkCompletion> sent = WaitCompletions(*b.send_cq, 1);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].wr_id, 31u);
+  EXPECT_EQ(sent[0].status, WcStatus::kWrFlushErr);
+}
+
+// b's peer destroys its QP (an orderly end); b waits until its QP is in ERR.
+void PeerDestroysItsQp(std::unique_ptr<Node>& a, Node& b) {
+  a->qp->UseIbTeardown();
+  b.qp->UseIbTeardown();
+  Link(*a, b, Transport::kTcp, {});
+  a.reset();
+  const Clock::time_point deadline = Clock::now() + kWait;
+  while (b.qp->state() != QpState::kError && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ASSERT_EQ(b.qp->state(), QpState::kError);
+}
+
+// With UseIbTeardown a Send posted after the peer's orderly end waits as an
+// InfiniBand Send to a destroyed QP waits for its acknowledgement: for the
+// transport timeout (SetIbRetryTimeout), then it completes with
+// RetryExcErr and the one behind it flushes. The QP is in error from then
+// on: a later Send flushes at once. (A flush at once failed ibv_srq_pingpong
+// -q 4, which posts Sends its peer never takes and polls them with its last
+// message.)
+TEST(EngineOobTest, IbTeardownHoldsSendsAfterThePeersEndForTheRetryTimeout) {
+  constexpr auto kRetryTimeout = std::chrono::milliseconds(300);
+  auto a = std::make_unique<Node>();
+  Node b;
+  b.qp->SetIbRetryTimeout(kRetryTimeout);
+  ASSERT_NO_FATAL_FAILURE(PeerDestroysItsQp(a, b));
+  Buffer src(kMsg);
+  const std::uint32_t key = src.Register(b.memory(), b.pd, AccessFlags::kLocalWrite);
+  const Clock::time_point posted = Clock::now();
+  ASSERT_EQ(b.qp->PostSend(SendOf(40, src, key)), PostStatus::kOk);
+  ASSERT_EQ(b.qp->PostSend(SendOf(41, src, key)), PostStatus::kOk);
+  const std::vector<WorkCompletion> wc = WaitCompletions(*b.send_cq, 2);
+  const Clock::duration waited = Clock::now() - posted;
+  ASSERT_EQ(wc.size(), 2u);
+  EXPECT_GE(waited, kRetryTimeout);
+  EXPECT_EQ(wc[0].wr_id, 40u);
+  EXPECT_EQ(wc[0].status, WcStatus::kRetryExcErr);
+  EXPECT_EQ(wc[1].wr_id, 41u);
+  EXPECT_EQ(wc[1].status, WcStatus::kWrFlushErr);
+  EXPECT_FALSE(b.events.Has(AsyncEventType::kQpFatal));
+
+  ASSERT_EQ(b.qp->PostSend(SendOf(42, src, key)), PostStatus::kOk);
+  const std::vector<WorkCompletion> later = WaitCompletions(*b.send_cq, 1);
+  ASSERT_EQ(later.size(), 1u);
+  EXPECT_EQ(later[0].wr_id, 42u);
+  EXPECT_EQ(later[0].status, WcStatus::kWrFlushErr);
+}
+
+// Timeout 0 is InfiniBand's "retry for ever": held Sends wait until the
+// application moves the QP to ERR, which flushes them.
+TEST(EngineOobTest, IbTeardownWithoutATimeoutHoldsSendsUntilModifyToError) {
+  auto a = std::make_unique<Node>();
+  Node b;
+  ASSERT_NO_FATAL_FAILURE(PeerDestroysItsQp(a, b));
+  Buffer src(kMsg);
+  const std::uint32_t key = src.Register(b.memory(), b.pd, AccessFlags::kLocalWrite);
+  ASSERT_EQ(b.qp->PostSend(SendOf(50, src, key)), PostStatus::kOk);
+  EXPECT_TRUE(StaysEmpty(*b.send_cq, std::chrono::milliseconds(200)));
+  ASSERT_EQ(b.qp->Modify(QpState::kError), QpStatus::kOk);
+  const std::vector<WorkCompletion> wc = WaitCompletions(*b.send_cq, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].wr_id, 50u);
+  EXPECT_EQ(wc[0].status, WcStatus::kWrFlushErr);
 }
 
 }  // namespace

@@ -5,7 +5,7 @@
  * and RTS with ibv_modify_qp; nothing else connects them. Then a Send
  * posted right after the RTS request (before the stream can be up, so it
  * waits in the send queue), an RDMA Write and an RDMA Read, every octet
- * checked.
+ * checked, and a Send after the peer destroyed its QP.
  *
  * Then the failures, in one process: a peer GID whose port refuses
  * connections (this end connects: ERR, IBV_EVENT_QP_FATAL, posted WRs
@@ -174,6 +174,34 @@ static void expect_wc(struct ibv_cq *cq, uint64_t wr_id, enum ibv_wc_status stat
 	CHECK_EQ(wc.status, status);
 }
 
+/* The peer destroyed its QP. On InfiniBand nothing acknowledges a Send any
+ * more: it waits out the transport timeout of the RTS attributes (timeout
+ * 14, retry_cnt 7: 8 x 4.096 us x 2^14, 537 ms) and fails with retry count
+ * exceeded, and the QP is in error. A QP connected out of band does the
+ * same; flushed at once, such a Send failed ibv_srq_pingpong -q 4, which
+ * posts Sends its peer never takes and polls their completions together
+ * with its last message. A later Send flushes at once. */
+static void send_after_peer_destroyed(struct side *s)
+{
+	struct ibv_qp_attr attr;
+	struct ibv_qp_init_attr init;
+	CHECK_EQ(ibv_query_qp(s->qp, &attr, IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT, &init), 0);
+	CHECK_EQ(attr.timeout, 14);
+	CHECK_EQ(attr.retry_cnt, 7);
+	const long long deadline = now_ms() + kWaitMs;
+	while (attr.qp_state != IBV_QPS_ERR && now_ms() < deadline) {
+		usleep(1000);
+		CHECK_EQ(ibv_query_qp(s->qp, &attr, IBV_QP_STATE, &init), 0);
+	}
+	CHECK_EQ(attr.qp_state, IBV_QPS_ERR);
+	const long long posted = now_ms();
+	post(s, IBV_WR_SEND, kSendOff, 16, NULL, 0, 5);
+	expect_wc(s->cq, 5, IBV_WC_RETRY_EXC_ERR);
+	CHECK(now_ms() - posted >= 536);
+	post(s, IBV_WR_SEND, kSendOff, 16, NULL, 0, 6);
+	expect_wc(s->cq, 6, IBV_WC_WR_FLUSH_ERR);
+}
+
 /* Both processes: `first` is the one that writes and reads. */
 static void run_peer(int fd, int first)
 {
@@ -236,6 +264,9 @@ static void run_peer(int fd, int first)
 		CHECK_EQ(check_pattern(s.buf + kWriteOff, kMsg, 7), -1);
 	}
 	barrier(fd);
+	/* The second side destroys its QP first. */
+	if (first)
+		send_after_peer_destroyed(&s);
 	close_side(&s);
 }
 

@@ -120,7 +120,7 @@ void bind_pair(struct ibv_qp *a, struct ibv_qp *b, int tcp,
 	CHECK_EQ(bind(b, fds[1], &pb, NULL), 0);
 }
 
-static long long now_ms(void)
+long long now_ms(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -39,6 +39,9 @@ struct siwx_stream_params default_params(void);
 void bind_pair(struct ibv_qp *a, struct ibv_qp *b, int tcp,
 	       const struct siwx_stream_params *params);
 
+/* CLOCK_MONOTONIC in milliseconds. */
+long long now_ms(void);
+
 /* Polls `cq` until `n` completions arrived or kWaitMs passed; returns how
  * many were stored in wc. */
 int poll_n(struct ibv_cq *cq, struct ibv_wc *wc, int n);
