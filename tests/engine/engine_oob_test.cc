@@ -21,6 +21,14 @@ SendWorkRequest SendOf(std::uint64_t wr_id, Buffer& buf, std::uint32_t key) {
   return wr;
 }
 
+// Waits for one completion on `cq` and checks which WR it is and how it ended.
+void ExpectCompletion(CompletionQueue& cq, std::uint64_t wr_id, WcStatus status) {
+  const std::vector<WorkCompletion> wc = WaitCompletions(cq, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].wr_id, wr_id);
+  EXPECT_EQ(wc[0].status, status);
+}
+
 TEST(EngineOobTest, SendsPostedInRtrWaitForTheStreamAndGoFirstInOrder) {
   Node a;
   Node b;
@@ -70,10 +78,7 @@ TEST(EngineOobTest, QueuedSendsFlushWhenTheQpFailsBeforeTheStream) {
   const std::uint32_t key = src.Register(a.memory(), a.pd, AccessFlags::kLocalWrite);
   ASSERT_EQ(a.qp->PostSend(SendOf(1, src, key)), PostStatus::kOk);
   ASSERT_EQ(a.qp->Modify(QpState::kError), QpStatus::kOk);
-  const std::vector<WorkCompletion> wc = WaitCompletions(*a.send_cq, 1);
-  ASSERT_EQ(wc.size(), 1u);
-  EXPECT_EQ(wc[0].wr_id, 1u);
-  EXPECT_EQ(wc[0].status, WcStatus::kWrFlushErr);
+  ExpectCompletion(*a.send_cq, 1, WcStatus::kWrFlushErr);
 }
 
 // The peer destroys its QP after its last Send: that Send arrives, the
@@ -114,10 +119,7 @@ TEST(EngineOobTest, IbTeardownDeliversTheLastMessageAndKeepsReceives) {
   EXPECT_FALSE(b.events.Has(AsyncEventType::kQpFatal));
   EXPECT_TRUE(StaysEmpty(*b.recv_cq, std::chrono::milliseconds(100)));
   ASSERT_EQ(b.qp->Modify(QpState::kError), QpStatus::kOk);
-  const std::vector<WorkCompletion> flushed = WaitCompletions(*b.recv_cq, 1);
-  ASSERT_EQ(flushed.size(), 1u);
-  EXPECT_EQ(flushed[0].wr_id, 21u);
-  EXPECT_EQ(flushed[0].status, WcStatus::kWrFlushErr);
+  ExpectCompletion(*b.recv_cq, 21, WcStatus::kWrFlushErr);
 }
 
 // Without UseIbTeardown the peer's close flushes the receives at once, as
@@ -131,18 +133,12 @@ TEST(EngineOobTest, WithoutIbTeardownThePeersCloseFlushesReceivesAndSends) {
   PostRecv(b, 30, dst, dst.Register(b.memory(), b.pd, AccessFlags::kLocalWrite));
   Link(*a, b, Transport::kTcp, {});
   ASSERT_TRUE(a->qp->Disconnect());
-  const std::vector<WorkCompletion> flushed = WaitCompletions(*b.recv_cq, 1);
-  ASSERT_EQ(flushed.size(), 1u);
-  EXPECT_EQ(flushed[0].wr_id, 30u);
-  EXPECT_EQ(flushed[0].status, WcStatus::kWrFlushErr);
+  ExpectCompletion(*b.recv_cq, 30, WcStatus::kWrFlushErr);
   Buffer src(kMsg);
   ASSERT_EQ(b.qp->PostSend(SendOf(31, src, src.Register(b.memory(), b.pd,
                                                          AccessFlags::kLocalWrite))),
             PostStatus::kOk);
-  const std::vector<WorkCompletion> sent = WaitCompletions(*b.send_cq, 1);
-  ASSERT_EQ(sent.size(), 1u);
-  EXPECT_EQ(sent[0].wr_id, 31u);
-  EXPECT_EQ(sent[0].status, WcStatus::kWrFlushErr);
+  ExpectCompletion(*b.send_cq, 31, WcStatus::kWrFlushErr);
 }
 
 // b's peer destroys its QP (an orderly end); b waits until its QP is in ERR.
@@ -187,10 +183,7 @@ TEST(EngineOobTest, IbTeardownHoldsSendsAfterThePeersEndForTheRetryTimeout) {
   EXPECT_FALSE(b.events.Has(AsyncEventType::kQpFatal));
 
   ASSERT_EQ(b.qp->PostSend(SendOf(42, src, key)), PostStatus::kOk);
-  const std::vector<WorkCompletion> later = WaitCompletions(*b.send_cq, 1);
-  ASSERT_EQ(later.size(), 1u);
-  EXPECT_EQ(later[0].wr_id, 42u);
-  EXPECT_EQ(later[0].status, WcStatus::kWrFlushErr);
+  ExpectCompletion(*b.send_cq, 42, WcStatus::kWrFlushErr);
 }
 
 // Timeout 0 is InfiniBand's "retry for ever": held Sends wait until the
@@ -204,10 +197,7 @@ TEST(EngineOobTest, IbTeardownWithoutATimeoutHoldsSendsUntilModifyToError) {
   ASSERT_EQ(b.qp->PostSend(SendOf(50, src, key)), PostStatus::kOk);
   EXPECT_TRUE(StaysEmpty(*b.send_cq, std::chrono::milliseconds(200)));
   ASSERT_EQ(b.qp->Modify(QpState::kError), QpStatus::kOk);
-  const std::vector<WorkCompletion> wc = WaitCompletions(*b.send_cq, 1);
-  ASSERT_EQ(wc.size(), 1u);
-  EXPECT_EQ(wc[0].wr_id, 50u);
-  EXPECT_EQ(wc[0].status, WcStatus::kWrFlushErr);
+  ExpectCompletion(*b.send_cq, 50, WcStatus::kWrFlushErr);
 }
 
 }  // namespace
