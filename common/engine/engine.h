@@ -277,9 +277,8 @@ class Engine {
   static constexpr std::size_t kEventsPerWait = 64;
   // The transmit turns of the first `count` entries of shared_tx_ (sockets
   // this wake-up found writable, and nothing else of theirs, of QPs not
-  // finalized): taken by this
-  // thread and by polling threads that help (HelpTransmit), one of them
-  // woken for it if it sleeps in a poll. With many streams the one
+  // finalized): taken by this thread and by polling threads that help
+  // (HelpTransmit), one of them woken for it if it sleeps in a poll. With many streams the one
   // progress thread was the sender of all of them, its CPU the limit while
   // the other stayed partly idle (docs/performance-notes.md 3.36).
   void ShareTransmitTurns(std::size_t count);

@@ -857,14 +857,19 @@ void Qp::FlushSqLocked() {
   }
 }
 
+std::optional<std::uint64_t> Qp::OldestUnfinishedLocked() {
+  for (std::uint64_t seq = sq_.head; seq != sq_.tail; ++seq) {
+    if (!sq_.At(seq).done) return seq;
+  }
+  return std::nullopt;
+}
+
 std::optional<std::chrono::steady_clock::time_point> Qp::StartHeldSendClockLocked() {
   const std::chrono::nanoseconds timeout(ib_retry_timeout_ns_.load(std::memory_order_relaxed));
-  if (!sends_held_ || held_sends_deadline_ != 0 || timeout.count() == 0) return std::nullopt;
-  bool outstanding = false;
-  for (std::uint64_t seq = sq_.head; seq != sq_.tail && !outstanding; ++seq) {
-    outstanding = !sq_.At(seq).done;
+  if (!sends_held_ || held_sends_deadline_ != 0 || timeout.count() == 0 ||
+      !OldestUnfinishedLocked()) {
+    return std::nullopt;
   }
-  if (!outstanding) return std::nullopt;
   const auto deadline =
       std::chrono::steady_clock::now() +
       std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout);
@@ -883,14 +888,11 @@ void Qp::ReleaseHeldSends(std::optional<std::chrono::steady_clock::time_point> d
       }
       // As an InfiniBand sender whose retries ran out: the oldest WR fails,
       // the QP is in error from it on (RetireSq flushes the rest).
-      for (std::uint64_t seq = sq_.head; seq != sq_.tail; ++seq) {
-        SqEntry& e = sq_.At(seq);
-        if (!e.done) {
-          e.done = true;
-          e.status = WcStatus::kRetryExcErr;
-          timed_out = e.wr.wr_id;
-          break;
-        }
+      if (const std::optional<std::uint64_t> seq = OldestUnfinishedLocked()) {
+        SqEntry& e = sq_.At(*seq);
+        e.done = true;
+        e.status = WcStatus::kRetryExcErr;
+        timed_out = e.wr.wr_id;
       }
     }
     sends_held_ = false;

@@ -528,6 +528,8 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   void RetireSq() override;
   // Marks every unfinished SQ entry done with WrFlushErr (queue_mutex_ held).
   void FlushSqLocked();
+  // The oldest send WR not yet done (queue_mutex_ held).
+  std::optional<std::uint64_t> OldestUnfinishedLocked();
   // Held sends (SetIbRetryTimeout): starts the clock of the oldest held WR
   // if none runs; returns the deadline to schedule a timer for.
   std::optional<std::chrono::steady_clock::time_point> StartHeldSendClockLocked();

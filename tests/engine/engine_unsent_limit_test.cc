@@ -388,7 +388,7 @@ void UnsentLimitTest::RunHelpedStreams(std::chrono::microseconds poll_wait) {
   ASSERT_EQ(qps_.size(), kStreams);
   // Writes go on until the poller took a turn (or kWait passed): on a
   // loaded machine 2,000 per stream once went by without one, the poller
-  // off its CPU through every share. Normally a few hundred do.
+  // off its CPU through every share.
   constexpr std::uint64_t kMaxWritesPerStream = 100000;
   WriteTally tally(kStreams * kMaxWritesPerStream);
   send_cq_->set_poll_wait(poll_wait);

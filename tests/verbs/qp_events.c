@@ -78,21 +78,6 @@ static void expect_event(struct side *s, enum ibv_event_type type)
 	ibv_ack_async_event(&event);
 }
 
-static enum ibv_qp_state state_of(struct ibv_qp *qp)
-{
-	struct ibv_qp_attr attr;
-	struct ibv_qp_init_attr init;
-	CHECK_EQ(ibv_query_qp(qp, &attr, IBV_QP_STATE, &init), 0);
-	return attr.qp_state;
-}
-
-static void wait_state(struct ibv_qp *qp, enum ibv_qp_state state)
-{
-	for (int i = 0; i < kWaitMs && state_of(qp) != state; i++)
-		usleep(1000);
-	CHECK_EQ(state_of(qp), state);
-}
-
 static int notify_count;
 static int notify_event;
 static int notify_error;

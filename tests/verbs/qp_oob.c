@@ -188,12 +188,7 @@ static void send_after_peer_destroyed(struct side *s)
 	CHECK_EQ(ibv_query_qp(s->qp, &attr, IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT, &init), 0);
 	CHECK_EQ(attr.timeout, 14);
 	CHECK_EQ(attr.retry_cnt, 7);
-	const long long deadline = now_ms() + kWaitMs;
-	while (attr.qp_state != IBV_QPS_ERR && now_ms() < deadline) {
-		usleep(1000);
-		CHECK_EQ(ibv_query_qp(s->qp, &attr, IBV_QP_STATE, &init), 0);
-	}
-	CHECK_EQ(attr.qp_state, IBV_QPS_ERR);
+	wait_state(s->qp, IBV_QPS_ERR);
 	const long long posted = now_ms();
 	post(s, IBV_WR_SEND, kSendOff, 16, NULL, 0, 5);
 	expect_wc(s->cq, 5, IBV_WC_RETRY_EXC_ERR);

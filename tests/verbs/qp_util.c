@@ -120,6 +120,21 @@ void bind_pair(struct ibv_qp *a, struct ibv_qp *b, int tcp,
 	CHECK_EQ(bind(b, fds[1], &pb, NULL), 0);
 }
 
+enum ibv_qp_state state_of(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr attr;
+	struct ibv_qp_init_attr init;
+	CHECK_EQ(ibv_query_qp(qp, &attr, IBV_QP_STATE, &init), 0);
+	return attr.qp_state;
+}
+
+void wait_state(struct ibv_qp *qp, enum ibv_qp_state state)
+{
+	for (int i = 0; i < kWaitMs && state_of(qp) != state; i++)
+		usleep(1000);
+	CHECK_EQ(state_of(qp), state);
+}
+
 long long now_ms(void)
 {
 	struct timespec ts;

@@ -39,6 +39,12 @@ struct siwx_stream_params default_params(void);
 void bind_pair(struct ibv_qp *a, struct ibv_qp *b, int tcp,
 	       const struct siwx_stream_params *params);
 
+/* The QP's state (ibv_query_qp). */
+enum ibv_qp_state state_of(struct ibv_qp *qp);
+
+/* Waits up to kWaitMs for the QP to reach `state`; fails the test if not. */
+void wait_state(struct ibv_qp *qp, enum ibv_qp_state state);
+
 /* CLOCK_MONOTONIC in milliseconds. */
 long long now_ms(void);
 

@@ -25,8 +25,6 @@ static struct ibv_qp_attr query(struct ibv_qp *qp, struct ibv_qp_init_attr *init
 	return attr;
 }
 
-static enum ibv_qp_state state_of(struct ibv_qp *qp) { return query(qp, NULL).qp_state; }
-
 /* A stream end reported by the provider (siwx_stream_notify). */
 static int notify_count;
 static int notify_event;
