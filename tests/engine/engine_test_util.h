@@ -530,11 +530,16 @@ inline std::size_t OpenFdCount() {
 
 // Aborts the process with `what` if it is still armed after `limit`: a test
 // that would hang fails instead (ctest reports the abort and the message).
+// The constructor returns once the thread runs: under ASan a starting
+// thread opens and closes a pipe (the runtime probing memory), and an
+// OpenFdCount taken meanwhile counted those two descriptors.
 class Watchdog {
  public:
   Watchdog(std::chrono::seconds limit, std::string what) : what_(std::move(what)) {
     thread_ = std::thread([this, limit] {
       std::unique_lock lock(mutex_);
+      running_ = true;
+      cv_.notify_all();
       if (!cv_.wait_for(lock, limit, [this] { return disarmed_; })) {
         std::fprintf(stderr, "WATCHDOG: %s did not finish within %lld s\n", what_.c_str(),
                      static_cast<long long>(limit.count()));
@@ -542,6 +547,8 @@ class Watchdog {
         std::abort();
       }
     });
+    std::unique_lock lock(mutex_);
+    cv_.wait(lock, [this] { return running_; });
   }
   ~Watchdog() {
     {
@@ -558,6 +565,7 @@ class Watchdog {
   std::string what_;
   std::mutex mutex_;
   std::condition_variable cv_;
+  bool running_ = false;
   bool disarmed_ = false;
   std::thread thread_;
 };
