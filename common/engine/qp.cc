@@ -352,6 +352,19 @@ void Qp::KickTx() {
 }
 
 void Qp::KickTxFromApplication() {
+  // The progress thread pumps this stream (EPOLLOUT, say): its pump may or
+  // may not take what was posted, so the next poll (or the timer) kicks
+  // again, and by then the gate is free, so the polling thread becomes the
+  // sender again. Not for an application that armed a CQ (it sleeps on the
+  // completion channel instead of polling), nor while another stream waits
+  // for its socket: those are EPOLLOUT's (below).
+  if (tx_pumped_by_progress_.load(std::memory_order_relaxed) &&
+      engine_->tx_blocked_streams() <= (tx_blocked_.load(std::memory_order_relaxed) ? 1u : 0u) &&
+      !config_.send_cq->armed() && !config_.recv_cq->armed() && !engine_->OnProgressThread()) {
+    tx_kicks_left_to_poll_.fetch_add(1, std::memory_order_relaxed);
+    LeaveTxToNextPoll();
+    return;
+  }
   if (tx_gate_.fetch_add(1, std::memory_order_acq_rel) != 0) {
     tx_kicks_to_owner_.fetch_add(1, std::memory_order_relaxed);
     return;  // the owner pumps again
@@ -379,13 +392,19 @@ void Qp::KickTxFromApplication() {
 void Qp::RunTx(std::uint32_t seen) {
   const Qp* outer = tls_tx_owner;
   tls_tx_owner = this;
+  const bool progress = engine_->OnProgressThread();
+  if (progress) tx_pumped_by_progress_.store(true, std::memory_order_relaxed);
   bool more = false;
   for (;;) {
     more = tx_.Pump();
+    if (progress) {
+      if (const auto* hook = progress_pump_hook_.load(std::memory_order_acquire)) (*hook)();
+    }
     const std::uint32_t left = tx_gate_.fetch_sub(seen, std::memory_order_acq_rel) - seen;
     if (left == 0) break;
     seen = left;
   }
+  if (progress) tx_pumped_by_progress_.store(false, std::memory_order_relaxed);
   tls_tx_owner = outer;
   // The budget ran out with work left: let the progress thread take the
   // next turn after it has served the other QPs.
@@ -545,19 +564,23 @@ PostStatus Qp::PostSendList(std::span<const SendWorkRequest> wrs, std::size_t* p
   }
   if (coalesce) {
     coalesced_posts_.fetch_add(1, std::memory_order_relaxed);
-    tx_owed_.store(true, std::memory_order_release);
-    config_.send_cq->NoteTxOwed();
-    if (config_.recv_cq != config_.send_cq) config_.recv_cq->NoteTxOwed();
-    // Nobody may poll again (an application that waits for something
-    // else): the progress thread transmits it soon in any case.
-    if (!tx_owed_timer_.exchange(true, std::memory_order_acq_rel)) {
-      engine_->ScheduleTimer(shared_from_this(),
-                             std::chrono::steady_clock::now() + kTxCoalesceDelay);
-    }
+    LeaveTxToNextPoll();
   } else if (count > 0) {
     KickTxFromApplication();
   }
   return status;
+}
+
+void Qp::LeaveTxToNextPoll() {
+  tx_owed_.store(true, std::memory_order_release);
+  config_.send_cq->NoteTxOwed();
+  if (config_.recv_cq != config_.send_cq) config_.recv_cq->NoteTxOwed();
+  // Nobody may poll again (an application that waits for something
+  // else): the progress thread transmits it soon in any case.
+  if (!tx_owed_timer_.exchange(true, std::memory_order_acq_rel)) {
+    engine_->ScheduleTimer(shared_from_this(),
+                           std::chrono::steady_clock::now() + kTxCoalesceDelay);
+  }
 }
 
 bool Qp::CoalesceTx(std::span<const SendWorkRequest> posted, bool answer) {

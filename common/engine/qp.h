@@ -348,10 +348,21 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   std::uint64_t tx_kicks_to_owner() const {
     return tx_kicks_to_owner_.load(std::memory_order_relaxed);
   }
+  // Posts and flushes that found the progress thread pumping this stream
+  // and left their transmit to the next poll (KickTxFromApplication; tests).
+  std::uint64_t tx_kicks_left_to_poll() const {
+    return tx_kicks_left_to_poll_.load(std::memory_order_relaxed);
+  }
   // Tests: hold the transmit gate as an application thread transmitting
   // inline does; kicks that arrive meanwhile pump at the release.
   void HoldTxGateForTest() { LockTxExclusive(); }
   void ReleaseTxGateForTest() { UnlockTxExclusive(); }
+  // Tests: called on the progress thread after each pump of a transmit
+  // turn it owns (the gate held); the caller keeps `hook` alive until it
+  // sets nullptr again.
+  void SetProgressPumpHookForTest(const std::function<void()>* hook) {
+    progress_pump_hook_.store(hook, std::memory_order_release);
+  }
   // Posts whose transmit waited for one of the above (tests).
   std::uint64_t coalesced_posts() const {
     return coalesced_posts_.load(std::memory_order_relaxed);
@@ -511,8 +522,12 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // ---- Transmit gate ----
   void KickTx() override;
   // KickTx for a post or a poll's flush: leaves the pump to EPOLLOUT while
-  // the socket is known full and other streams wait too.
+  // the socket is known full and other streams wait too, and to the next
+  // poll while the progress thread pumps this stream (LeaveTxToNextPoll).
   void KickTxFromApplication();
+  // Marks a transmit owed to the next poll of either CQ (FlushOwedTx), with
+  // the kTxCoalesceDelay timer for an application that does not poll again.
+  void LeaveTxToNextPoll();
   void RunTx(std::uint32_t seen);
   void LockTxExclusive();  // progress thread only
   void UnlockTxExclusive();
@@ -716,6 +731,15 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   std::atomic<std::uint64_t> tx_wakes_owned_{0};
   std::atomic<std::uint64_t> tx_kicks_left_to_epollout_{0};
   std::atomic<std::uint64_t> tx_kicks_to_owner_{0};
+  std::atomic<std::uint64_t> tx_kicks_left_to_poll_{0};
+  // The progress thread owns the transmit gate (RunTx; a hint, read
+  // without the gate). An application post that finds it so does not add
+  // a kick for it to pump but leaves its transmit to the next poll: with
+  // every post a kick, the progress thread stayed the sender of a stream
+  // whose application then spun in its polls, three busy threads on two
+  // CPUs and half the throughput (performance-notes 3.38).
+  std::atomic<bool> tx_pumped_by_progress_{false};
+  std::atomic<const std::function<void()>*> progress_pump_hook_{nullptr};
   // Polling thread: true once no read has returned data for
   // kQuietBeforePollWait, as far as the polls can tell, or while the QP is
   // a sink: kSinkOctets came in since its last PostSend, or between its

@@ -17,6 +17,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
 #include <span>
 #include <thread>
 #include <vector>
@@ -296,11 +299,15 @@ TEST_F(UnsentLimitTest, PostsToAStreamThatWaitsAloneStillTransmitInline) {
     qp.ReleaseTxGateForTest();
     const QpCounters before = qp.Counters();
     const std::uint64_t to_owner_before = qp.tx_kicks_to_owner();
+    const std::uint64_t to_poll_before = qp.tx_kicks_left_to_poll();
     for (std::uint64_t w = 0; w < kMore; ++w) {
       ASSERT_EQ(PostWrite(0, posted++), PostStatus::kOk);
       completed += send_cq_->Poll(batch);
     }
-    if (qp.tx_kicks_to_owner() != to_owner_before) continue;
+    if (qp.tx_kicks_to_owner() != to_owner_before ||
+        qp.tx_kicks_left_to_poll() != to_poll_before) {
+      continue;
+    }
     judged = true;
     EXPECT_GE(qp.Counters().tx_would_block, before.tx_would_block + kMore);
   }
@@ -310,6 +317,69 @@ TEST_F(UnsentLimitTest, PostsToAStreamThatWaitsAloneStillTransmitInline) {
 
   StartDrain();
   ExpectEveryWriteDone(posted, completed);
+}
+
+// A post that finds the progress thread pumping its stream (here: held
+// inside the turn EPOLLOUT gave it once the peer read) adds no kick for
+// that thread to pump, so it does not stay the sender while the
+// application spins in its polls (performance-notes 3.38): the post's
+// transmit is owed to the next poll, which finds the gate free and sends
+// on the polling thread. Every Write completes exactly once. An
+// application that armed its CQ polls no more, so its post kicks the owner
+// as before.
+TEST_F(UnsentLimitTest, PostsWhileTheProgressThreadPumpsAreLeftToTheNextPoll) {
+  ASSERT_EQ(qps_.size(), kStreams);
+  constexpr std::uint64_t kWrites = 200;  // 12.5 MiB: the socket fills
+  constexpr std::uint64_t kMore = 8;
+  std::size_t completed = 0;
+  ASSERT_TRUE(FillSockets(1, kWrites, completed));
+  Qp& qp = *qps_[0];
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool held = false;
+  bool release = false;
+  const std::function<void()> hook = [&] {
+    std::unique_lock lock(mutex);
+    if (release) return;
+    held = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return release; });
+  };
+  qp.SetProgressPumpHookForTest(&hook);
+  StartDrain();  // EPOLLOUT: the progress thread pumps, and stops in the hook
+  {
+    std::unique_lock lock(mutex);
+    ASSERT_TRUE(cv.wait_for(lock, kWait, [&] { return held; }))
+        << "the progress thread never pumped this stream";
+  }
+  const std::uint64_t to_owner_before = qp.tx_kicks_to_owner();
+  std::uint64_t posted = kWrites;
+  std::array<WorkCompletion, 64> batch;
+  // A poll after each post, as perftest's loop does (back-to-back posts
+  // would wait for the poll anyway: coalescing); each post and each poll's
+  // flush finds the progress thread pumping.
+  for (std::uint64_t w = 0; w < kMore; ++w) {
+    ASSERT_EQ(PostWrite(0, posted++), PostStatus::kOk);
+    completed += send_cq_->Poll(batch);
+  }
+  const std::uint64_t left_to_poll = qp.tx_kicks_left_to_poll();
+  EXPECT_GE(left_to_poll, kMore);
+  EXPECT_EQ(qp.tx_kicks_to_owner(), to_owner_before);
+  // Armed: the application sleeps on its completion channel instead (the
+  // arm itself kicks for what the posts above left owed).
+  send_cq_->Arm(CqArm::kNextCompletion);
+  EXPECT_EQ(qp.tx_kicks_to_owner(), to_owner_before + 1);
+  ASSERT_EQ(PostWrite(0, posted++), PostStatus::kOk);
+  EXPECT_EQ(qp.tx_kicks_left_to_poll(), left_to_poll);
+  EXPECT_EQ(qp.tx_kicks_to_owner(), to_owner_before + 2);
+  send_cq_->Arm(CqArm::kNone);
+  {
+    std::lock_guard lock(mutex);
+    release = true;
+  }
+  cv.notify_all();
+  ExpectEveryWriteDone(posted, completed);
+  qp.SetProgressPumpHookForTest(nullptr);
 }
 
 // The completions of Writes numbered 0..total-1 that several threads poll:
