@@ -319,16 +319,18 @@ TEST_F(UnsentLimitTest, PostsToAStreamThatWaitsAloneStillTransmitInline) {
   ExpectEveryWriteDone(posted, completed);
 }
 
-// A post that finds the progress thread pumping its stream (here: held
-// inside the turn EPOLLOUT gave it once the peer read) adds no kick for
-// that thread to pump, so it does not stay the sender while the
-// application spins in its polls (performance-notes 3.38): the post's
-// transmit is owed to the next poll, which finds the gate free and sends
-// on the polling thread. Every Write completes exactly once. An
-// application that armed its CQ polls no more, so its post kicks the owner
-// as before.
+// A post to a QP alone on its send CQ (ib_write_bw -q 1) that finds the
+// progress thread pumping its stream (here: held inside the turn EPOLLOUT
+// gave it once the peer read) adds no kick for that thread to pump, so it
+// does not stay the sender while the application spins in its polls
+// (performance-notes 3.38): the post's transmit is owed to the next poll,
+// which finds the gate free and sends on the polling thread. Every Write
+// completes exactly once. An application that armed its CQ polls no more,
+// so its post kicks the owner as before.
 TEST_F(UnsentLimitTest, PostsWhileTheProgressThreadPumpsAreLeftToTheNextPoll) {
   ASSERT_EQ(qps_.size(), kStreams);
+  for (std::size_t i = 1; i < kStreams; ++i) qps_[i]->Destroy();  // one QP on the CQ
+  qps_.resize(1);
   constexpr std::uint64_t kWrites = 200;  // 12.5 MiB: the socket fills
   constexpr std::uint64_t kMore = 8;
   std::size_t completed = 0;
