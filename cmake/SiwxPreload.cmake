@@ -68,4 +68,11 @@ function(siwx_preloadable target)
   if(SIWX_PRELOAD_LINK_OPTIONS)
     target_link_options(${target} PRIVATE ${SIWX_PRELOAD_LINK_OPTIONS})
   endif()
+  # The C++ libraries it loads get TSan's runtime from the executable, C++
+  # part included (operator new, the __cxa_guard_* of function-local
+  # statics): a C program linked by the C driver lacks that part, and TSan
+  # then reported every first use of a static initialized on another thread.
+  if(SIWX_SANITIZE MATCHES "thread")
+    set_target_properties(${target} PROPERTIES LINKER_LANGUAGE CXX)
+  endif()
 endfunction()

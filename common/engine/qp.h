@@ -39,7 +39,8 @@
 //    (run-to-completion, so a busy-polling application needs no second
 //    runnable thread): PostSend transmits inline (unless the socket is
 //    known full while other streams of the engine wait too: then EPOLLOUT
-//    does, KickTxFromApplication), polling either CQ
+//    does; or the progress thread pumps the stream of a QP alone on its
+//    send CQ: then the next poll does, KickTxFromApplication), polling either CQ
 //    empty gives the QP a receive turn (DriveFromPoll), and a poll of the
 //    send CQ that returns the completion of a ping-pong post reads until
 //    its answer came in (AwaitAnswer); a receive turn that

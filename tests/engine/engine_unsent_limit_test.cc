@@ -381,7 +381,11 @@ TEST_F(UnsentLimitTest, PostsWhileTheProgressThreadPumpsAreLeftToTheNextPoll) {
   }
   cv.notify_all();
   ExpectEveryWriteDone(posted, completed);
+  // Until no pump can be inside the hook any more: it runs with the gate
+  // held, and a pump that starts after this sees no hook.
   qp.SetProgressPumpHookForTest(nullptr);
+  qp.HoldTxGateForTest();
+  qp.ReleaseTxGateForTest();
 }
 
 // The completions of Writes numbered 0..total-1 that several threads poll:
