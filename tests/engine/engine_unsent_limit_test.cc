@@ -348,6 +348,25 @@ TEST_F(UnsentLimitTest, PostsWhileTheProgressThreadPumpsAreLeftToTheNextPoll) {
     cv.wait(lock, [&] { return release; });
   };
   qp.SetProgressPumpHookForTest(&hook);
+  // However the test ends (an ASSERT returns early too): let the hook go,
+  // then wait until no pump can be inside it (it runs with the gate held,
+  // and a pump that starts after the reset sees no hook).
+  struct HookReset {
+    Qp& qp;
+    std::mutex& mutex;
+    std::condition_variable& cv;
+    bool& release;
+    ~HookReset() {
+      {
+        std::lock_guard lock(mutex);
+        release = true;
+      }
+      cv.notify_all();
+      qp.SetProgressPumpHookForTest(nullptr);
+      qp.HoldTxGateForTest();
+      qp.ReleaseTxGateForTest();
+    }
+  } reset{qp, mutex, cv, release};
   StartDrain();  // EPOLLOUT: the progress thread pumps, and stops in the hook
   {
     std::unique_lock lock(mutex);
@@ -381,11 +400,6 @@ TEST_F(UnsentLimitTest, PostsWhileTheProgressThreadPumpsAreLeftToTheNextPoll) {
   }
   cv.notify_all();
   ExpectEveryWriteDone(posted, completed);
-  // Until no pump can be inside the hook any more: it runs with the gate
-  // held, and a pump that starts after this sees no hook.
-  qp.SetProgressPumpHookForTest(nullptr);
-  qp.HoldTxGateForTest();
-  qp.ReleaseTxGateForTest();
 }
 
 // The completions of Writes numbered 0..total-1 that several threads poll:
