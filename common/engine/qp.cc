@@ -361,7 +361,7 @@ void Qp::KickTxFromApplication() {
   // rule cost 6 % there (performance-notes 3.38). Not for an application
   // that armed a CQ either: it sleeps on its completion channel, not in a poll.
   if (tx_pumped_by_progress_.load(std::memory_order_relaxed) && config_.send_cq->single_driver() &&
-      !config_.send_cq->armed() && !config_.recv_cq->armed() && !engine_->OnProgressThread()) {
+      !SleepsOnACompletionChannel() && !engine_->OnProgressThread()) {
     tx_kicks_left_to_poll_.fetch_add(1, std::memory_order_relaxed);
     LeaveTxToNextPoll();
     return;
@@ -598,9 +598,8 @@ bool Qp::CoalesceTx(std::span<const SendWorkRequest> posted, bool answer) {
   // application that armed a CQ before posting: it will sleep on the
   // completion channel, not poll (ibv_req_notify_cq, then posts, then
   // ibv_get_cq_event).
-  const bool armed = config_.send_cq->armed() || config_.recv_cq->armed();
-  if (limit == 0 || answer || !back_to_back || armed || engine_->OnProgressThread() ||
-      coalesced_octets_ + octets >= limit) {
+  if (limit == 0 || answer || !back_to_back || SleepsOnACompletionChannel() ||
+      engine_->OnProgressThread() || coalesced_octets_ + octets >= limit) {
     coalesced_octets_ = 0;
     return false;
   }
@@ -1506,7 +1505,7 @@ bool Qp::WaitForInput(std::chrono::nanoseconds max) {
 bool Qp::ArmAnswerSpin(std::uint64_t fpdus_in) {
   const auto max = engine_->answer_spin();
   if (max <= std::chrono::nanoseconds::zero() || engine_->OnProgressThread() ||
-      config_.send_cq->armed() || config_.recv_cq->armed()) {
+      SleepsOnACompletionChannel()) {
     return false;  // off, or an application that sleeps on a completion channel
   }
   using Clock = std::chrono::steady_clock;

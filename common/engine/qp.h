@@ -526,6 +526,11 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // the socket is known full and other streams wait too, and to the next
   // poll while the progress thread pumps this stream (LeaveTxToNextPoll).
   void KickTxFromApplication();
+  // Either CQ is armed (ibv_req_notify_cq): the application will sleep on
+  // its completion channel rather than poll again.
+  bool SleepsOnACompletionChannel() const {
+    return config_.send_cq->armed() || config_.recv_cq->armed();
+  }
   // Marks a transmit owed to the next poll of either CQ (FlushOwedTx), with
   // the kTxCoalesceDelay timer for an application that does not poll again.
   void LeaveTxToNextPoll();
