@@ -295,7 +295,7 @@ std::size_t CompletionQueue::PollWithProgress(std::span<WorkCompletion> out) {
     // drivers_mutex_, so RemoveDriver waits for the sleep (at most one
     // wait's length) and the driver outlives it.
     if (may_wait && drivers_.size() == 1 &&
-        drivers_.front()->WaitForInput(PollWaitLength(push_due))) {
+        drivers_.front()->WaitForInput(*this, PollWaitLength(push_due))) {
       input_waits_.fetch_add(1, std::memory_order_relaxed);
       input_waited = true;
       drivers_.front()->DriveFromPoll(*this);

@@ -148,10 +148,14 @@ class PollDriver {
   virtual bool PollPushDue() { return false; }
   // Asked after PollMayWait said true, when this is the CQ's only driver:
   // the polling thread reads this driver's input itself (it holds the read
-  // lease of a bulk receiver) and may sleep until that input is readable
-  // instead of on the CQ, for at most `max`. True if it slept: the CQ then
-  // gives it a turn at once. Default: it cannot (the CQ's own wait follows).
-  virtual bool WaitForInput(std::chrono::nanoseconds /*max*/) { return false; }
+  // lease of a bulk receiver or of a bulk Read requester) and may sleep
+  // until that input is readable instead of on `polled`, for at most `max`.
+  // True if it slept: the CQ then gives it a turn at once. Default: it
+  // cannot (the CQ's own wait follows).
+  virtual bool WaitForInput(const CompletionQueue& /*polled*/,
+                            std::chrono::nanoseconds /*max*/) {
+    return false;
+  }
   // Asked after an empty poll: takes the transmit turns the driver's engine
   // shares with polling threads (Engine::HelpTransmit); true if it took
   // any. Default: none.

@@ -397,6 +397,7 @@ void Qp::RunTx(std::uint32_t seen) {
   if (progress) tx_pumped_by_progress_.store(true, std::memory_order_relaxed);
   bool more = false;
   for (;;) {
+    tx_idle_at_tail_.store(kTxBusy, std::memory_order_relaxed);
     more = tx_.Pump();
     if (progress) {
       if (const auto* hook = progress_pump_hook_.load(std::memory_order_acquire)) (*hook)();
@@ -1407,6 +1408,8 @@ void Qp::DriveFromPoll(const CompletionQueue& polled) {
     // From the end of the read: the recvmsg itself takes about a microsecond.
     const auto after = std::chrono::steady_clock::now().time_since_epoch().count();
     poll_idle_until_.store(after + idle.count(), std::memory_order_relaxed);
+  } else {
+    last_poll_input_.store(now, std::memory_order_relaxed);
   }
   tls_rx_driver = nullptr;
   if (receives || reads) {
@@ -1445,13 +1448,17 @@ bool Qp::PollMayWait(const CompletionQueue& polled) {
   // socket with room leaves nothing to complete only with nothing
   // outstanding (a Read is an SQ entry until its response is placed, Read
   // Responses owed count in irq_outstanding_).
+  // A socket with room leaves nothing to complete only with nothing
+  // outstanding, or when the pump stopped idle since the last post (what
+  // the SQ holds then waits for input: Read Responses, an ORD slot).
   const bool tx_blocked = tx_blocked_.load(std::memory_order_relaxed);
   bool reads = false;
-  if (tx_blocked) {
-    reads = ReadsOutstanding();
-  } else {
+  {
     std::lock_guard lock(queue_mutex_);
-    if (sq_.size() != 0 || irq_outstanding_ != 0) return false;
+    reads = orq_ && !orq_->empty();
+    if (!tx_blocked && (irq_outstanding_ != 0 || (sq_.size() != 0 && !TxIdleLocked()))) {
+      return false;
+    }
   }
   // Receive side: nothing to complete (no receive posted, no Read), or a
   // stream left to the progress thread (quiet, or a sink: see
@@ -1469,18 +1476,38 @@ bool Qp::PollMayWait(const CompletionQueue& polled) {
 }
 
 bool Qp::ReadsOwnInput(const CompletionQueue& polled) {
-  if (&polled != config_.recv_cq || !polled.single_driver() || rq_->size() == 0 ||
-      read_lease_until_.load(std::memory_order_relaxed) == 0 || !IsSink()) {
+  if (!polled.single_driver() || read_lease_until_.load(std::memory_order_relaxed) == 0) {
     return false;
   }
   // Send completions that EPOLLOUT will push come from the progress thread:
   // the CQ's own wait, which that push ends.
-  return !FullSocketHoldsOwnWrs();
+  if (&polled == config_.recv_cq && rq_->size() != 0 && IsSink()) {
+    return !FullSocketHoldsOwnWrs();
+  }
+  if (&polled != config_.send_cq) return false;
+  using Clock = std::chrono::steady_clock;
+  const auto gap = std::chrono::duration_cast<Clock::duration>(kInputGapBeforeWait).count();
+  if (Clock::now().time_since_epoch().count() -
+          last_poll_input_.load(std::memory_order_relaxed) < gap) {
+    return false;
+  }
+  std::lock_guard lock(queue_mutex_);
+  return orq_ && orq_->size() >= kBulkReads && irq_outstanding_ == 0 && TxIdleLocked();
 }
 
-bool Qp::WaitForInput(std::chrono::nanoseconds max) {
+bool Qp::TxIdleLocked() const {
+  return !tx_blocked_.load(std::memory_order_relaxed) &&
+         tx_idle_at_tail_.load(std::memory_order_relaxed) == sq_.tail;
+}
+
+void Qp::NoteTxIdle() {
+  std::lock_guard lock(queue_mutex_);
+  tx_idle_at_tail_.store(sq_.tail, std::memory_order_relaxed);
+}
+
+bool Qp::WaitForInput(const CompletionQueue& polled, std::chrono::nanoseconds max) {
   if (destroyed_.load(std::memory_order_acquire) || engine_->OnProgressThread() ||
-      !ReadsOwnInput(*config_.recv_cq)) {
+      !ReadsOwnInput(polled)) {
     return false;
   }
   // The lease outlasts the sleep, so the progress thread does not take the

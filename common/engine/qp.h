@@ -372,12 +372,19 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // progress thread's EPOLLOUT sends and completes them), or the QP is a
   // sink whose stream the progress thread reads (StreamLeftToProgress).
   bool PollPushDue() override;
-  // A sink polled on its receive CQ, that CQ's only driver, with receives
-  // posted and the read lease held: the poller reads the stream itself and
-  // sleeps in poll(2) on the socket when it is empty (at most half a lease),
-  // instead of the progress thread reading and waking it per push
-  // (docs/performance-notes.md 3.16).
-  bool WaitForInput(std::chrono::nanoseconds max) override;
+  // The poller reads the stream itself and sleeps in poll(2) on the socket
+  // when it is empty (at most half a lease), instead of the progress thread
+  // reading and waking it per push (docs/performance-notes.md 3.16), or of
+  // spinning on an empty socket (3.39), when it holds the read lease and
+  // the polled CQ has no other driver, for
+  //  - a sink polled on its receive CQ, with receives posted;
+  //  - a bulk Read requester polled on its send CQ: kBulkReads or more
+  //    Reads outstanding, nothing this thread could send (the pump stopped
+  //    idle since the last post, no Read Response owed, the socket not
+  //    full), so only their responses can complete anything, and no input
+  //    for kInputGapBeforeWait. A Read ping-pong (one outstanding) spins as
+  //    before: a wake-up costs it more than the answer takes.
+  bool WaitForInput(const CompletionQueue& polled, std::chrono::nanoseconds max) override;
   // Engine::HelpTransmit of this QP's engine.
   bool HelpTransmit() override;
   // The answer spin (EngineConfig::answer_spin). A ping-pong post (alone in
@@ -404,6 +411,12 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   bool IsSink() const;
   // WaitForInput's rule (see there).
   bool ReadsOwnInput(const CompletionQueue& polled);
+  static constexpr std::size_t kBulkReads = 2;
+  // A bulk Read requester sleeps on its socket only once its polls read
+  // nothing for this long: about two wake-ups across CPUs (8 us on a
+  // 2-vCPU VM, docs/performance-notes.md 3.26), which a stream that comes
+  // in faster would pay per arrival, on the sender's CPU (3.39).
+  static constexpr std::chrono::microseconds kInputGapBeforeWait{15};
   // The socket is full with WRs of ours in the send queue: the progress
   // thread's EPOLLOUT will send them and push their completions.
   bool FullSocketHoldsOwnWrs();
@@ -624,6 +637,7 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // level-triggered) but keeps the fd so an orderly drain can still wait for
   // writability; Finalize removes it.
   bool SetWriteInterest(bool want) override;
+  void NoteTxIdle() override;
   void StopPolling() override;
   // A Read of ours waits for its response (the ORQ is not empty).
   bool ReadsOutstanding() const;
@@ -687,6 +701,14 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // want_write_ for readers without poll_mutex_ (PollMayWait): the socket
   // was full and the transmit side waits for EPOLLOUT.
   std::atomic<bool> tx_blocked_{false};
+  // The SQ's tail when the transmit pump last stopped idle (NoteTxIdle),
+  // kTxBusy from the start of each pump. Equal to the tail: no post since,
+  // and what the SQ holds waits for input (PollMayWait, ReadsOwnInput).
+  static constexpr std::uint64_t kTxBusy = ~std::uint64_t{0};
+  std::atomic<std::uint64_t> tx_idle_at_tail_{kTxBusy};
+  // tx_idle_at_tail_ says so, tx_blocked_ does not: nothing this thread
+  // could send. queue_mutex_ held.
+  bool TxIdleLocked() const;
   // Sets tx_blocked_ and counts it in the engine (Engine::tx_blocked_streams);
   // poll_mutex_ held.
   void SetTxBlocked(bool blocked);
@@ -713,6 +735,8 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // how many it took. Written under rx_mutex_, read without it.
   std::atomic<std::chrono::steady_clock::rep> poll_idle_until_{0};
   std::atomic<std::uint64_t> poll_receive_turns_{0};
+  // When a receive turn of DriveFromPoll last read octets (kInputGapBeforeWait).
+  std::atomic<std::chrono::steady_clock::rep> last_poll_input_{0};
   // StreamLeftToProgress: rx_syscalls when a poll last saw it change, and when
   // (steady_clock ticks); a post restarts the count (~0). Written by
   // polling threads without a lock: a race misjudges one poll.

@@ -205,6 +205,10 @@ class QpForTx : public QpForSide {
   // Write interest in the poller (EPOLLOUT while the socket is full);
   // false if the socket is no longer polled. poll_mutex_.
   virtual bool SetWriteInterest(bool want) = 0;
+  // The pump stopped with nothing it could frame and nothing unsent: what
+  // the SQ still holds waits for input (Read Responses, an ORD slot, a
+  // fence, the peer's RTR). queue_mutex_.
+  virtual void NoteTxIdle() = 0;
   // What other threads posted to the mailbox (a Terminate to send, how to
   // wind down), taken once; nullopt when nothing is waiting (one acquire
   // load). queue_mutex_ when there is mail.

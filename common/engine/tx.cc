@@ -125,6 +125,7 @@ bool QpTx::Pump() {
         FinishWinding();
       } else {
         qp_.SetWriteInterest(false);
+        qp_.NoteTxIdle();
         ReleaseIdleSlots();
       }
       break;

@@ -120,6 +120,69 @@ TEST_F(PollProgressTest, ReadCompletesThroughSendCqPollWhileTheProgressThreadIsH
   EXPECT_TRUE(sink.GuardsIntact());
 }
 
+// A bulk Read requester (Qp::kBulkReads or more Reads outstanding, nothing
+// left to send) alone on its send CQ sleeps in poll(2) on its socket while
+// the socket is empty, instead of spinning on it (Qp::WaitForInput;
+// docs/performance-notes.md 3.39), and reads the responses itself once they
+// come. b's progress thread is held, so no response comes while a polls.
+// Released, every Read completes once, in order, with its data. A Read
+// ping-pong (one outstanding) never sleeps on its socket.
+TEST_F(PollProgressTest, BulkReadRequesterSleepsOnItsSocketAndLosesNothing) {
+  Link(a_, b_, Transport::kTcp, {});  // ORD 8
+  a_.send_cq->set_poll_wait(std::chrono::microseconds(200));
+  constexpr std::uint64_t kReads = 10;  // two of them wait for an ORD slot
+  constexpr std::uint32_t kSize = 3000;
+  Buffer source(kReads * kSize);
+  source.Fill(5);
+  const std::uint32_t rkey = source.Register(b_.memory(), b_.pd, kAllRemote);
+  Buffer sink(kReads * kSize);
+  const std::uint32_t sink_key = sink.Register(a_.memory(), a_.pd, kAllRemote);
+  auto post_read = [&](std::uint64_t i) {
+    SendWorkRequest read = MakeSend(100 + i, SendOpcode::kRdmaRead);
+    AddSge(read, sink.addr() + i * kSize, kSize, sink_key);
+    read.rkey = rkey;
+    read.remote_addr = source.addr() + i * kSize;
+    ASSERT_EQ(a_.qp->PostSend(read), PostStatus::kOk);
+  };
+  std::array<WorkCompletion, 16> batch;
+
+  ProgressThreadBlocker ping_blocker(b_, a_.engine);
+  ASSERT_TRUE(ping_blocker.Block());
+  post_read(0);
+  const std::uint64_t ping_input_waits = a_.send_cq->input_waits();
+  for (int i = 0; i < 20; ++i) ASSERT_EQ(a_.send_cq->PollWithProgress(batch), 0u);
+  EXPECT_EQ(a_.send_cq->input_waits(), ping_input_waits);
+  ping_blocker.Release();
+  auto wc = PollProgressFor(*a_.send_cq, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].wr_id, 100u);
+
+  ProgressThreadBlocker bulk_blocker(b_, a_.engine);
+  ASSERT_TRUE(bulk_blocker.Block());
+  for (std::uint64_t i = 1; i < kReads; ++i) post_read(i);
+  const std::uint64_t input_waits = a_.send_cq->input_waits();
+  // The first polls may come within Qp::kInputGapBeforeWait of the last
+  // input; then each empty poll is one sleep.
+  const auto deadline = std::chrono::steady_clock::now() + kWait;
+  while (a_.send_cq->input_waits() < input_waits + 3 &&
+         std::chrono::steady_clock::now() < deadline) {
+    ASSERT_EQ(a_.send_cq->PollWithProgress(batch), 0u);
+  }
+  EXPECT_GE(a_.send_cq->input_waits(), input_waits + 3);
+  EXPECT_TRUE(bulk_blocker.blocked());
+  bulk_blocker.Release();
+  wc = PollProgressFor(*a_.send_cq, kReads - 1);
+  ASSERT_EQ(wc.size(), kReads - 1);
+  for (std::uint64_t i = 0; i < kReads - 1; ++i) {
+    EXPECT_EQ(wc[i].wr_id, 101 + i);
+    EXPECT_EQ(wc[i].status, WcStatus::kSuccess);
+    EXPECT_EQ(wc[i].opcode, WcOpcode::kRdmaRead);
+  }
+  EXPECT_TRUE(SameBytes(sink.data(), source.data(), kReads * kSize));
+  EXPECT_TRUE(sink.GuardsIntact());
+  EXPECT_EQ(a_.send_cq->PollWithProgress(batch), 0u);  // nothing twice
+}
+
 // Two application threads on a's QP race with each other and with a's
 // progress thread: one posts Writes, Reads and Sends and polls the send CQ
 // with progress, the other polls the receive CQ with progress for b's

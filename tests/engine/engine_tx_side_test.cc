@@ -68,6 +68,7 @@ class FakeQp final : public QpForTx {
     write_interest = want;
     return true;
   }
+  void NoteTxIdle() override { ++idle_notes; }
   std::optional<TxMail> TakeMail() override { return std::exchange(mail, std::nullopt); }
   std::uint64_t SqHead() override { return 0; }
   SqPeek PeekSq(std::uint64_t seq) override {
@@ -111,6 +112,7 @@ class FakeQp final : public QpForTx {
   std::vector<ErrorReport> errors;
   std::vector<bool> end_stream;
   bool write_interest = false;
+  int idle_notes = 0;
 
  private:
   MemoryTable memory_;
@@ -371,6 +373,9 @@ TEST_F(TxSideTest, AReadRequestEntersTheOrqAndOrdHoldsBackTheNext) {
     EXPECT_EQ(qp_.orq[i].seq, i);
   }
   EXPECT_TRUE(qp_.done.empty());
+  // Held back by ORD, nothing else to send: the pump says it stopped idle
+  // (what a poll may then wait for is input, Qp::PollMayWait).
+  EXPECT_EQ(qp_.idle_notes, 1);
 
   // The first response arrived (the receive side pops the ORQ): one more.
   qp_.orq.erase(qp_.orq.begin());
