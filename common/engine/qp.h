@@ -301,7 +301,9 @@ class Qp final : public std::enable_shared_from_this<Qp>,
   // little, now and then two posts at once): the read lease ends, the progress
   // thread reads, and the poll may sleep (PollMayWait) until that thread
   // pushes what completes. Except a sink that is the only driver of the
-  // polled receive CQ: it reads its own stream (WaitForInput).
+  // polled receive CQ: it reads its own stream and sleeps on its socket
+  // when it is empty, as a bulk Read requester alone on its send CQ does
+  // (WaitForInput).
   void DriveFromPoll(const CompletionQueue& polled) override;
   // The progress thread's responder spin (Engine::Spin): reads the socket
   // as OnPollEvent does for EPOLLIN, unless an application thread reads it
