@@ -1445,12 +1445,10 @@ bool Qp::PollMayWait(const CompletionQueue& polled) {
   // Either CQ counts, not only the polled one: the thread may poll the
   // other next, and what could complete there must not wait for this one.
   // Transmit side: a full socket is the progress thread's (EPOLLOUT); a
-  // socket with room leaves nothing to complete only with nothing
-  // outstanding (a Read is an SQ entry until its response is placed, Read
-  // Responses owed count in irq_outstanding_).
-  // A socket with room leaves nothing to complete only with nothing
-  // outstanding, or when the pump stopped idle since the last post (what
-  // the SQ holds then waits for input: Read Responses, an ORD slot).
+  // socket with room leaves nothing to complete only with no Read Response
+  // owed (irq_outstanding_) and an SQ that is empty or holds only what
+  // waits for input: the pump stopped idle since the last post (a Read is
+  // an SQ entry until its response is placed; an ORD slot, a fence).
   const bool tx_blocked = tx_blocked_.load(std::memory_order_relaxed);
   bool reads = false;
   {
