@@ -1483,14 +1483,19 @@ bool Qp::ReadsOwnInput(const CompletionQueue& polled) {
     return !FullSocketHoldsOwnWrs();
   }
   if (&polled != config_.send_cq) return false;
+  {
+    std::lock_guard lock(queue_mutex_);
+    if (!orq_ || orq_->size() < kBulkReads || irq_outstanding_ != 0 || !TxIdleLocked()) {
+      return false;
+    }
+  }
+  // The clock last: a Read ping-pong's empty polls (one Read outstanding)
+  // read none here.
   using Clock = std::chrono::steady_clock;
   const auto gap = std::chrono::duration_cast<Clock::duration>(kInputGapBeforeWait).count();
-  if (Clock::now().time_since_epoch().count() -
-          last_poll_input_.load(std::memory_order_relaxed) < gap) {
-    return false;
-  }
-  std::lock_guard lock(queue_mutex_);
-  return orq_ && orq_->size() >= kBulkReads && irq_outstanding_ == 0 && TxIdleLocked();
+  return Clock::now().time_since_epoch().count() -
+             last_poll_input_.load(std::memory_order_relaxed) >=
+         gap;
 }
 
 bool Qp::TxIdleLocked() const {
