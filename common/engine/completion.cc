@@ -55,10 +55,13 @@ thread_local std::vector<CompletionQueue*> tls_deferred_wakes;
 // (CompletionQueue::NoteResponderSpin).
 std::atomic<int> spinning_responders{0};
 
-// The CQ this thread last polled empty with progress: a poll may wait only
-// on a thread that polls this CQ and no other (one that polls several in
-// turn would hold the others' completions back while it slept on one).
-thread_local const CompletionQueue* tls_last_polled = nullptr;
+// The CQ this thread last polled with progress, by serial: a poll may wait
+// only on a thread that polls this CQ and no other (one that polls several
+// in turn would hold the others' completions back while it slept on one).
+// Not its address: a CQ destroyed and another created at the same address
+// would count as polled before.
+thread_local std::uint64_t tls_last_polled = 0;
+std::atomic<std::uint64_t> next_cq_serial{1};
 }  // namespace
 
 void CompletionQueue::NoteResponderSpin(bool spinning) {
@@ -110,7 +113,10 @@ std::unique_ptr<CompletionQueue> CompletionQueue::Create(std::uint32_t capacity,
 }
 
 CompletionQueue::CompletionQueue(std::uint32_t capacity, Callbacks callbacks)
-    : capacity_(capacity), callbacks_(std::move(callbacks)), ring_(capacity) {}
+    : capacity_(capacity),
+      serial_(next_cq_serial.fetch_add(1, std::memory_order_relaxed)),
+      callbacks_(std::move(callbacks)),
+      ring_(capacity) {}
 
 void CompletionQueue::DeferWakesOnThisThread(bool defer) {
   if (!defer) WakeDeferred();
@@ -252,8 +258,8 @@ std::size_t CompletionQueue::CountSuccessful(std::uint32_t qp_num) const {
 }
 
 std::size_t CompletionQueue::PollWithProgress(std::span<WorkCompletion> out) {
-  const bool polls_only_this = tls_last_polled == this;
-  tls_last_polled = this;
+  const bool polls_only_this = tls_last_polled == serial_;
+  tls_last_polled = serial_;
   std::size_t n = Poll(out);
   if (n > 0) {
     tls_empty_polls = 0;

@@ -339,6 +339,7 @@ class CompletionQueue {
   void AwaitAnswers();
 
   const std::uint32_t capacity_;
+  const std::uint64_t serial_;  // unique in the process, never 0 (PollWithProgress)
   const Callbacks callbacks_;
 
   mutable std::mutex mutex_;

@@ -527,6 +527,37 @@ TEST_F(CompletionQueuePollWait, WaitsLongOnlyWhenADriverSaysAPushIsDue) {
   EXPECT_EQ(cq->long_poll_waits(), 1u);
 }
 
+// A thread's first empty poll of a CQ only notes it, also when the CQ
+// takes the address of one the thread polled before and that was destroyed:
+// the note is the CQ's serial, not its address. Before, that first poll
+// waited, and which test ran before decided this one's counts.
+TEST_F(CompletionQueuePollWait, ANewCqAtADestroyedOnesAddressIsNotTakenForIt) {
+  bool reused = false;
+  for (int i = 0; i < 64 && !reused; ++i) {
+    auto first = CompletionQueue::Create(8, {});
+    first->AddDriver(&driver);
+    first->set_poll_wait(std::chrono::microseconds(1));
+    ASSERT_EQ(first->PollWithProgress(out), 0u);  // notes it
+    ASSERT_EQ(first->PollWithProgress(out), 0u);  // waits
+    ASSERT_EQ(first->poll_waits(), 1u);
+    first->RemoveDriver(&driver);
+    const void* address = first.get();
+    first.reset();
+    auto second = CompletionQueue::Create(8, {});
+    if (second.get() != address) continue;
+    reused = true;
+    second->AddDriver(&driver);
+    second->set_poll_wait(std::chrono::microseconds(1));
+    EXPECT_EQ(second->PollWithProgress(out), 0u);
+    EXPECT_EQ(second->poll_waits(), 0u) << "the first poll of a new CQ waited";
+    second->RemoveDriver(&driver);
+  }
+  if (!reused) {
+    GTEST_SKIP() << "the allocator gave no CQ a destroyed one's address in 64 tries "
+                    "(ASan's quarantine holds freed memory back)";
+  }
+}
+
 // Pushes on a thread that defers wake-ups (the engine's progress thread)
 // wake a poller sleeping on the CQ once, when the thread calls WakeDeferred
 // (done with what it read), not once per message: no wake-up before it,
