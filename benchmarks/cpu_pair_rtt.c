@@ -8,7 +8,7 @@
  *
  * Why: on a VM the hypervisor may move two vCPUs between cores that share a
  * cache and cores that do not, and back, within seconds. On the 2-vCPU test
- * VMs of issue 10 the round trip was 50-60 ns or 300-340 ns, and in the far
+ * VMs of issue 10 the round trip was 48-66 ns or 275-350 ns, and in the far
  * placement every stack that moves data between the two CPUs pays about 2.5x
  * per octet (TCP between two namespaces: 0.75 instead of 0.29 CPU s/GB for
  * the sender). A benchmark that compares two figures taken seconds apart
