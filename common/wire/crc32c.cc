@@ -3,6 +3,7 @@
 
 #include <isa-l/crc.h>
 
+#include <cstring>
 #include <limits>
 
 #if defined(__x86_64__)
@@ -25,11 +26,46 @@ bool CpuHasAvx() {
   }();
   return has_avx;
 }
+
+// Pieces up to this long go through the CPU's CRC32 instruction (SSE4.2,
+// the same Castagnoli polynomial) instead of ISA-L. An FPDU's CRC is
+// updated piece by piece: the length field (2 octets), the DDP/RDMAP header
+// (14-28), the payload and the pad (0-3), and each ISA-L call costs 9-21 ns
+// below 128 octets against 2-13 ns here (and 17 against 26 at 256). The
+// three small calls per FPDU cost 0.062 CPU s/GB against 0.036 for the
+// payload's alone; this way 0.038 (performance-notes 3.41).
+constexpr std::size_t kSmallPiece = 128;
+bool CpuHasSse42() {
+  static const bool has_sse42 = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("sse4.2") != 0;
+  }();
+  return has_sse42;
+}
+__attribute__((target("sse4.2"))) std::uint32_t UpdateSmall(std::uint32_t state,
+                                                           const std::uint8_t* p,
+                                                           std::size_t n) {
+  std::uint64_t wide = state;
+  for (; n >= 8; p += 8, n -= 8) {
+    std::uint64_t word;
+    std::memcpy(&word, p, sizeof(word));
+    wide = _mm_crc32_u64(wide, word);
+  }
+  auto narrow = static_cast<std::uint32_t>(wide);
+  for (; n > 0; ++p, --n) narrow = _mm_crc32_u8(narrow, *p);
+  return narrow;
+}
 #endif
 
 }  // namespace
 
 void Crc32c::Update(ByteSpan data) {
+#if defined(__x86_64__)
+  if (data.size() <= kSmallPiece && CpuHasSse42()) {
+    state_ = UpdateSmall(state_, data.data(), data.size());
+    return;
+  }
+#endif
   // ISA-L takes an int length and a non-const pointer it only reads.
   auto* p = const_cast<std::uint8_t*>(data.data());
   std::size_t left = data.size();
