@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0 OR Linux-OpenIB
 // CRC32c (Castagnoli, RFC 3385 / RFC 3720 appendix B.4) for MPA FPDUs,
-// computed by Intel ISA-L.
+// computed by Intel ISA-L; pieces of up to 128 octets (an FPDU's length
+// field, header and pad) by the CPU's SSE4.2 CRC32 instruction where there
+// is one, which is cheaper than ISA-L's call at that size.
 //
 // The CRC covers the ULPDU_Length field, the ULPDU, the pad and the markers
 // among them (RFC 5044 sections 4.3, 4.4; see mpa_markers.h). It is
