@@ -8,7 +8,8 @@
 #  2. a clang ASan+UBSan build with the libFuzzer targets: every label but
 #     apps, twohost and package (they run uninstrumented Debian tools),
 #     fuzzing each target for SIWX_FUZZ_SECONDS (default 60);
-#  3. a clang TSan build: the unit and engine labels (the threaded code);
+#  3. a clang TSan build: the unit, engine, cm and verbs labels (the
+#     threaded code, and the provider and CM around it);
 #  4. the package label: the .deb installed into a clean Debian 12 root
 #     (needs root and network; skipped with the reason printed without).
 # Build settings live in CMakePresets.json. Exits non-zero on the first failure.
@@ -28,10 +29,10 @@ ninja -C build/release -j"$jobs"
 echo "== build/release: two hosts (network namespaces, impaired link; root only)"
 (cd build/release && ctest --output-on-failure -L twohost)
 
-echo "== build/tsan (clang, TSan): unit and engine"
+echo "== build/tsan (clang, TSan): unit, engine, cm and verbs"
 cmake --preset tsan >/dev/null
-ninja -C build/tsan -j"$jobs" siwx_unit_tests siwx_engine_tests
-(cd build/tsan && ctest -j"$jobs" --output-on-failure -L 'unit|engine')
+ninja -C build/tsan -j"$jobs"
+(cd build/tsan && ctest -j"$jobs" --output-on-failure -L 'unit|engine|cm|verbs')
 
 echo "== build/asan (clang, ASan+UBSan, libFuzzer)"
 cmake --preset asan >/dev/null

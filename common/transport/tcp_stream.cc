@@ -14,11 +14,66 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <functional>
+#include <string_view>
 
 #include "common/trace/stream_trace.h"
 
+#if defined(__SANITIZE_THREAD__)
+#define SIWX_WIRE_SYNC 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define SIWX_WIRE_SYNC 1
+#endif
+#endif
+#ifdef SIWX_WIRE_SYNC
+#include <sanitizer/tsan_interface.h>
+#include <sys/syscall.h>
+// Exported by the TSan runtime (its instrumentation calls it); not in the
+// public header.
+extern "C" void __tsan_read_range(void* addr, unsigned long size);
+#endif
+
 namespace siwx::transport {
 namespace {
+
+#ifdef SIWX_WIRE_SYNC
+// ThreadSanitizer cannot see that the kernel carries octets from one
+// socket's sendmsg to its peer's recv, so with both ends of a connection in
+// one process it takes what the protocol orders through the wire for a
+// race: memory written before a Read was posted at one end and framed into
+// the Read Response by a thread of the other, or the Read source written
+// again once the Read completed while TSan still has the responder's
+// sendmsg reading it. Under TSan, a stream releases the sync point of (its
+// address, its peer's) before it sends and acquires the point of (its
+// peer's, its own) after it reads octets; both ends name a direction alike.
+// Coarser than the wire (a read acquires every send so far, and distinct
+// connections may share a point), never finer.
+void* WireSyncPoint(const sockaddr_storage& from, socklen_t from_length,
+                    const sockaddr_storage& to, socklen_t to_length) {
+  static char points[4096];
+  const auto bytes = [](const sockaddr_storage& a, socklen_t n) {
+    return std::string_view(reinterpret_cast<const char*>(&a), n);
+  };
+  const std::size_t h = std::hash<std::string_view>{}(bytes(from, from_length)) * 31 +
+                        std::hash<std::string_view>{}(bytes(to, to_length));
+  return &points[h % sizeof(points)];
+}
+
+// TSan's sendmsg interceptor notes the octets as read on entry, after any
+// release made before the call; a peer that got them could then write the
+// source again (the Read completed) unordered with that read. So the reads
+// are noted here, then the release, then the system call itself, which the
+// interceptor does not see (a partial send notes more reads than it made:
+// the rest is read by a later send, before any completion frees it).
+ssize_t SendAfterRelease(int fd, const msghdr& msg, int flags, void* point) {
+  for (std::size_t i = 0; i < msg.msg_iovlen; ++i) {
+    __tsan_read_range(msg.msg_iov[i].iov_base, msg.msg_iov[i].iov_len);
+  }
+  __tsan_release(point);
+  return syscall(SYS_sendmsg, fd, &msg, flags);
+}
+#endif
 
 IoResult FromSyscall(ssize_t n, bool reading) {
   if (n > 0) return {IoStatus::kOk, static_cast<std::size_t>(n), 0};
@@ -45,6 +100,15 @@ TcpStream::TcpStream(int fd) : fd_(fd) {
   // Fails harmlessly (ENOTSUP/EOPNOTSUPP) on a socketpair.
   setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   if (trace::Tracer* tracer = trace::Tracer::Global()) trace_ = tracer->ConnectionOf(fd_);
+#ifdef SIWX_WIRE_SYNC
+  sockaddr_storage local{}, peer{};
+  socklen_t local_length = sizeof(local), peer_length = sizeof(peer);
+  if (getsockname(fd_, reinterpret_cast<sockaddr*>(&local), &local_length) == 0 &&
+      getpeername(fd_, reinterpret_cast<sockaddr*>(&peer), &peer_length) == 0) {
+    sent_point_ = WireSyncPoint(local, local_length, peer, peer_length);
+    received_point_ = WireSyncPoint(peer, peer_length, local, local_length);
+  }
+#endif
 }
 
 TcpStream::~TcpStream() {
@@ -54,6 +118,9 @@ TcpStream::~TcpStream() {
 
 IoResult TcpStream::Read(MutableByteSpan into) {
   const IoResult r = FromSyscall(recv(fd_, into.data(), into.size(), MSG_DONTWAIT), true);
+#ifdef SIWX_WIRE_SYNC
+  if (received_point_ != nullptr && r.bytes > 0) __tsan_acquire(received_point_);
+#endif
   if (trace_ != nullptr && r.bytes > 0) {
     trace::Tracer::Global()->Record(*trace_, trace::Direction::kReceived,
                                     ByteSpan(into.data(), r.bytes));
@@ -66,6 +133,9 @@ IoResult TcpStream::ReadV(std::span<const iovec> into) {
   msg.msg_iov = const_cast<iovec*>(into.data());
   msg.msg_iovlen = into.size();
   const IoResult r = FromSyscall(recvmsg(fd_, &msg, MSG_DONTWAIT), true);
+#ifdef SIWX_WIRE_SYNC
+  if (received_point_ != nullptr && r.bytes > 0) __tsan_acquire(received_point_);
+#endif
   if (trace_ != nullptr && r.bytes > 0) {
     trace::Tracer::Global()->Record(*trace_, trace::Direction::kReceived, into, r.bytes);
   }
@@ -76,7 +146,15 @@ IoResult TcpStream::WriteV(std::span<const iovec> from) {
   msghdr msg{};
   msg.msg_iov = const_cast<iovec*>(from.data());
   msg.msg_iovlen = from.size();
-  const IoResult r = FromSyscall(sendmsg(fd_, &msg, MSG_DONTWAIT | MSG_NOSIGNAL), false);
+  constexpr int kFlags = MSG_DONTWAIT | MSG_NOSIGNAL;
+#ifdef SIWX_WIRE_SYNC
+  const IoResult r = FromSyscall(sent_point_ != nullptr
+                                     ? SendAfterRelease(fd_, msg, kFlags, sent_point_)
+                                     : sendmsg(fd_, &msg, kFlags),
+                                 false);
+#else
+  const IoResult r = FromSyscall(sendmsg(fd_, &msg, kFlags), false);
+#endif
   if (trace_ != nullptr && r.bytes > 0) {
     trace::Tracer::Global()->Record(*trace_, trace::Direction::kSent, from, r.bytes);
   }

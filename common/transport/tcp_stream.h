@@ -70,6 +70,10 @@ class TcpStream {
 
  private:
   int fd_;
+  // ThreadSanitizer builds only (null elsewhere): the sync points of the
+  // two directions of this connection, see WireSyncPoint in tcp_stream.cc.
+  void* sent_point_ = nullptr;
+  void* received_point_ = nullptr;
   // SIWX_TRACE: this stream's trace, or null (the common case: one branch
   // per call).
   std::shared_ptr<trace::Connection> trace_;
