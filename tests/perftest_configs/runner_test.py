@@ -62,17 +62,18 @@ class InOnePlacement(unittest.TestCase):
     def measures(self, tcp_figures, siwx_figures):
         tcp, siwx = iter(tcp_figures), iter(siwx_figures)
 
-        def measure_tcp():
-            self.calls.append("tcp")
-            figure = next(tcp)
-            self.runner.rtt_probes.append(figure.cpu_rtt_ns)
+        def measure(figures, name):
+            self.calls.append(name)
+            figure = next(figures)
+            if figure is not None:
+                self.runner.rtt_probes.append(figure.cpu_rtt_ns)
             return figure
 
+        def measure_tcp():
+            return measure(tcp, "tcp")
+
         def measure_siwx():
-            self.calls.append("siwx")
-            figure = next(siwx)
-            self.runner.rtt_probes.append(figure.cpu_rtt_ns)
-            return figure
+            return measure(siwx, "siwx")
         return measure_tcp, measure_siwx
 
     def test_a_pair_from_two_placements_is_taken_again_tcp_first(self):
@@ -112,6 +113,17 @@ class InOnePlacement(unittest.TestCase):
         self.assertEqual(len(dropped), 2)
         self.assertEqual((siwx.value, tcp.value), (18.0, 21.0))
         self.assertTrue(self.runner.placements_differ(siwx, tcp))
+
+    def test_a_failed_attempt_keeps_the_pair_it_was_to_replace(self):
+        first_siwx, first_tcp = figure(10.0, 330), figure(22.0, 51)
+        for tcp_figures, siwx_figures, calls in (([None], [], ["tcp"]),
+                                                 ([figure(20.0, 52)], [None], ["tcp", "siwx"])):
+            self.calls = []
+            measure_tcp, measure_siwx = self.measures(tcp_figures, siwx_figures)
+            siwx, tcp, dropped = run.in_one_placement(self.runner, first_siwx, first_tcp,
+                                                      measure_tcp, measure_siwx, 2)
+            self.assertEqual(self.calls, calls)
+            self.assertEqual((siwx, tcp, dropped), (first_siwx, first_tcp, []))
 
     def test_no_retries_keeps_the_first_pair(self):
         measure_tcp, measure_siwx = self.measures([], [])
