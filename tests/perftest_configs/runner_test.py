@@ -30,6 +30,7 @@ class Probed:
     def __init__(self, probes):
         self.rtt_probes = list(probes)
 
+    far_line_ns = run.Runner.far_line_ns
     placements_differ = run.Runner.placements_differ
 
 
