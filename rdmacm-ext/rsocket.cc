@@ -19,6 +19,7 @@
 
 #include "common/transport/socket_ops.h"
 #include "common/util/log.h"
+#include "common/util/sanitizers.h"
 #include "common/util/service_thread.h"
 
 // The receive ring and the target SGL and iomap tables are written by the
@@ -27,14 +28,7 @@
 // these accesses through the network (we advertise a buffer again only after
 // reading it), which ThreadSanitizer cannot see. Our accesses to that memory
 // are hidden from it; everything else stays checked.
-#if defined(__SANITIZE_THREAD__)
-#define SIWX_RS_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define SIWX_RS_TSAN 1
-#endif
-#endif
-#ifdef SIWX_RS_TSAN
+#ifdef SIWX_TSAN
 extern "C" void AnnotateIgnoreReadsBegin(const char* file, int line);
 extern "C" void AnnotateIgnoreReadsEnd(const char* file, int line);
 extern "C" void AnnotateIgnoreWritesBegin(const char* file, int line);
@@ -46,7 +40,7 @@ namespace {
 
 class PeerWrittenAccess {
  public:
-#ifdef SIWX_RS_TSAN
+#ifdef SIWX_TSAN
   PeerWrittenAccess() {
     AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
     AnnotateIgnoreWritesBegin(__FILE__, __LINE__);

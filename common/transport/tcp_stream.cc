@@ -18,15 +18,9 @@
 #include <string_view>
 
 #include "common/trace/stream_trace.h"
+#include "common/util/sanitizers.h"
 
-#if defined(__SANITIZE_THREAD__)
-#define SIWX_WIRE_SYNC 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define SIWX_WIRE_SYNC 1
-#endif
-#endif
-#ifdef SIWX_WIRE_SYNC
+#ifdef SIWX_TSAN
 #include <sanitizer/tsan_interface.h>
 #include <sys/syscall.h>
 // Exported by the TSan runtime (its instrumentation calls it); not in the
@@ -37,7 +31,7 @@ extern "C" void __tsan_read_range(void* addr, unsigned long size);
 namespace siwx::transport {
 namespace {
 
-#ifdef SIWX_WIRE_SYNC
+#ifdef SIWX_TSAN
 // ThreadSanitizer cannot see that the kernel carries octets from one
 // socket's sendmsg to its peer's recv, so with both ends of a connection in
 // one process it takes what the protocol orders through the wire for a
@@ -100,7 +94,7 @@ TcpStream::TcpStream(int fd) : fd_(fd) {
   // Fails harmlessly (ENOTSUP/EOPNOTSUPP) on a socketpair.
   setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   if (trace::Tracer* tracer = trace::Tracer::Global()) trace_ = tracer->ConnectionOf(fd_);
-#ifdef SIWX_WIRE_SYNC
+#ifdef SIWX_TSAN
   sockaddr_storage local{}, peer{};
   socklen_t local_length = sizeof(local), peer_length = sizeof(peer);
   if (getsockname(fd_, reinterpret_cast<sockaddr*>(&local), &local_length) == 0 &&
@@ -118,7 +112,7 @@ TcpStream::~TcpStream() {
 
 IoResult TcpStream::Read(MutableByteSpan into) {
   const IoResult r = FromSyscall(recv(fd_, into.data(), into.size(), MSG_DONTWAIT), true);
-#ifdef SIWX_WIRE_SYNC
+#ifdef SIWX_TSAN
   if (received_point_ != nullptr && r.bytes > 0) __tsan_acquire(received_point_);
 #endif
   if (trace_ != nullptr && r.bytes > 0) {
@@ -133,7 +127,7 @@ IoResult TcpStream::ReadV(std::span<const iovec> into) {
   msg.msg_iov = const_cast<iovec*>(into.data());
   msg.msg_iovlen = into.size();
   const IoResult r = FromSyscall(recvmsg(fd_, &msg, MSG_DONTWAIT), true);
-#ifdef SIWX_WIRE_SYNC
+#ifdef SIWX_TSAN
   if (received_point_ != nullptr && r.bytes > 0) __tsan_acquire(received_point_);
 #endif
   if (trace_ != nullptr && r.bytes > 0) {
@@ -147,7 +141,7 @@ IoResult TcpStream::WriteV(std::span<const iovec> from) {
   msg.msg_iov = const_cast<iovec*>(from.data());
   msg.msg_iovlen = from.size();
   constexpr int kFlags = MSG_DONTWAIT | MSG_NOSIGNAL;
-#ifdef SIWX_WIRE_SYNC
+#ifdef SIWX_TSAN
   const IoResult r = FromSyscall(sent_point_ != nullptr
                                      ? SendAfterRelease(fd_, msg, kFlags, sent_point_)
                                      : sendmsg(fd_, &msg, kFlags),
