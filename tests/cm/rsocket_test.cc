@@ -25,6 +25,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/util/sanitizers.h"
 #include "rdmacm-ext/rsocket_wire.h"
 #include "tests/cm/cm_test_util.h"
 
@@ -33,14 +34,7 @@ extern char** environ;
 // Memory a peer writes by RDMA with no completion to synchronize on (the
 // riostream pattern): ThreadSanitizer cannot see the order the protocol gives
 // it, so the test's reads of it are hidden from it.
-#if defined(__SANITIZE_THREAD__)
-#define RS_TEST_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define RS_TEST_TSAN 1
-#endif
-#endif
-#ifdef RS_TEST_TSAN
+#ifdef SIWX_TSAN
 extern "C" void AnnotateIgnoreReadsBegin(const char* file, int line);
 extern "C" void AnnotateIgnoreReadsEnd(const char* file, int line);
 #define RS_TEST_IGNORE_READS_BEGIN() AnnotateIgnoreReadsBegin(__FILE__, __LINE__)
