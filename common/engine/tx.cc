@@ -19,8 +19,6 @@ namespace {
 // Wire octets one turn may write before yielding to other QPs (the progress
 // thread) or handing the rest to the progress thread (an inline poster).
 constexpr std::size_t kPumpBudget = std::size_t{8} << 20;
-// Slices per sendmsg (IOV_MAX on Linux).
-constexpr std::size_t kMaxIov = 1024;
 // FPDUs framed ahead: about this many octets, within [kMinSlots, kMaxSlots].
 constexpr std::size_t kBatchOctets = std::size_t{2} << 20;
 constexpr std::size_t kMinSlots = 16;
@@ -45,12 +43,14 @@ constexpr std::size_t kStagedOctetsUnsent = std::size_t{512} << 10;
 // batch allocate (and zero-fill) them again (performance-notes 3.17).
 constexpr std::size_t kPooledStagingOctetsPerThread = 2 * kStagedOctetsUnsent;
 
-// The scatter list of one sendmsg. Write fills it and hands it to the kernel
-// before any callback can run, so one per thread serves every QP (16 KiB
-// per thread instead of per QP).
-std::span<iovec> ThreadIov() {
-  thread_local std::vector<iovec> iov(kMaxIov);
-  return iov;
+// The scatter list of one sendmsg, emptied. Write fills it and hands it to
+// the kernel before any callback can run, so one per thread serves every QP
+// (32 KiB per thread instead of per QP).
+transport::SendList& ThreadSendList() {
+  thread_local const std::unique_ptr<transport::SendList> list =
+      std::make_unique<transport::SendList>();
+  list->Clear();
+  return *list;
 }
 
 rdmap::Opcode SendOpcodeOnWire(const SendWrFields& wr) {
@@ -735,18 +735,16 @@ bool QpTx::Write(std::size_t& budget) {
     return true;  // frame the Terminate next
   }
 
-  const std::span<iovec> iov = ThreadIov();
-  std::size_t count = 0;
-  std::size_t total = 0;
-  for (std::size_t k = 0; k < in_flight_ && count < iov.size(); ++k) {
-    total += AppendUnsent(*slots_[(first_ + k) % slot_count_], iov, count);
+  transport::SendList& list = ThreadSendList();
+  for (std::size_t k = 0; k < in_flight_ && !list.full(); ++k) {
+    if (!AppendUnsent(*slots_[(first_ + k) % slot_count_], list)) break;
   }
+  const std::size_t total = list.octets();
   // From before sendmsg until its octets are accounted, the receive side
   // must not judge the peer's Read Requests against the IRD count (Qp::
   // WaitForSendAccounting): a response may be on its way already.
   qp_.BeginSendAccounting();
-  const transport::IoResult result =
-      qp_.stream()->WriteV(std::span<const iovec>(iov.data(), count));
+  const transport::IoResult result = qp_.stream()->WriteV(list.iovecs());
   bool sq_done = false;
   if (result.status == transport::IoStatus::kOk) sq_done = Advance(result.bytes);
   qp_.EndSendAccounting();
@@ -866,22 +864,17 @@ void QpTx::FinishWinding() {
   qp_.EndStream(/*abort=*/false);
 }
 
-std::size_t QpTx::AppendUnsent(const Slot& slot, std::span<iovec> iov, std::size_t& count) {
-  std::size_t added = 0;
+bool QpTx::AppendUnsent(const Slot& slot, transport::SendList& list) {
   std::size_t skip = slot.sent;
   for (const mpa::IoSlice& s : slot.frame.slices()) {
-    if (count == iov.size()) break;
     if (skip >= s.len) {
       skip -= s.len;
       continue;
     }
-    iov[count].iov_base = const_cast<std::uint8_t*>(s.base + skip);
-    iov[count].iov_len = s.len - skip;
-    added += s.len - skip;
+    if (!list.Add(s.base + skip, s.len - skip)) return false;
     skip = 0;
-    ++count;
   }
-  return added;
+  return true;
 }
 
 bool QpTx::FinishStartedFpdu() {
@@ -891,11 +884,10 @@ bool QpTx::FinishStartedFpdu() {
   AccessStatus failure = AccessStatus::kOk;
   if (!AcquireRefs(slot, failure)) return false;  // its source is gone: only an RST is clean
   constexpr int kTries = 4;
-  const std::span<iovec> iov = ThreadIov();
   for (int attempt = 0; attempt < kTries && slot.sent < slot.frame.wire_length(); ++attempt) {
-    std::size_t count = 0;
-    AppendUnsent(slot, iov, count);
-    const transport::IoResult result = qp_.stream()->WriteV(iov.first(count));
+    transport::SendList& list = ThreadSendList();
+    AppendUnsent(slot, list);
+    const transport::IoResult result = qp_.stream()->WriteV(list.iovecs());
     if (result.status != transport::IoStatus::kOk) break;
     slot.sent += result.bytes;
     CounterAdd(qp_.counters().tx_octets, result.bytes);

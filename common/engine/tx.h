@@ -51,8 +51,6 @@
 // the SQ, ORQ, IRQ and mailbox. Not validated here: inbound anything (QpRx).
 #pragma once
 
-#include <sys/uio.h>
-
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -67,6 +65,7 @@
 #include "common/engine/qp_sides.h"
 #include "common/engine/stream_params.h"
 #include "common/engine/work_request.h"
+#include "common/transport/send_list.h"
 #include "common/wire/ddp_rdmap.h"
 #include "common/wire/fpdu.h"
 #include "common/wire/terminate.h"
@@ -228,9 +227,9 @@ class QpTx {
   // segment waits for a sendmsg.
   bool StagingFull() const;
   bool AcquireRefs(Slot& slot, AccessStatus& failure);
-  // Appends the octets of `slot` not yet written to iov[count...], as far as
-  // `iov` has room; returns how many octets it added.
-  static std::size_t AppendUnsent(const Slot& slot, std::span<iovec> iov, std::size_t& count);
+  // Appends the octets of `slot` not yet written to `list`; false if the
+  // list ran out of room before the slot's end.
+  static bool AppendUnsent(const Slot& slot, transport::SendList& list);
   void ReleaseRefs();
   // Ends the stream with an RST after a transmit failure: QP fatal, no
   // Terminate (the stream can no longer carry one), transmit stops.
