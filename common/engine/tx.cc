@@ -534,8 +534,10 @@ bool QpTx::FrameSegment() {
   }
   const bool staged = cur_.kind == MessageKind::kResponse && params_.crc_enabled;
   const rdmap::EncodeResult encoded = rdmap::EncodeDdpRdmapHeader(header, slot.header);
+  std::uint8_t* const copy_to =
+      staged ? StagingFor(slot, mpa::UnmarkedFpduLength(encoded.length + n)) : nullptr;
   if (!FrameInto(slot, encoded.length, std::span<const ByteSpan>(pieces.data(), piece_count),
-                 staged ? StagingFor(slot, n) : nullptr)) {
+                 copy_to)) {
     return false;
   }
   if (staged) slot.DropSources();  // the frame points at the copy
@@ -628,9 +630,9 @@ std::uint8_t* QpTx::StagingFor(Slot& slot, std::size_t octets) {
     PooledStagingOctets() -= slot.staging.capacity;
   }
   if (slot.staging.capacity < octets) {
-    // Every segment of a stream has the same room (max ULPDU less the
-    // tagged header), so this happens about once per thread and size.
-    const std::size_t capacity = std::max(octets, max_ulpdu_);
+    // Every segment of a stream has the same room (an FPDU of max ULPDU),
+    // so this happens about once per thread and size.
+    const std::size_t capacity = std::max(octets, mpa::UnmarkedFpduLength(max_ulpdu_));
     slot.staging.octets = std::make_unique_for_overwrite<std::uint8_t[]>(capacity);
     slot.staging.capacity = capacity;
   }

@@ -21,9 +21,9 @@
 //  - Read Response payload comes from memory no WR of ours owns: the
 //    application may change the source of an RDMA Read at any time (the
 //    reader then sees some mix of old and new octets, which verbs allows).
-//    So with CRC on it is copied into a staging buffer and the CRC
-//    computed over the copy; without CRC nothing checks it and it is sent
-//    in place. (ISA-L has no fused copy + CRC32c: the framer copies 8 KiB,
+//    So with CRC on it is copied into a staging buffer, where the whole
+//    FPDU is laid out (one iovec), and the CRC computed over the copy;
+//    without CRC nothing checks it and it is sent in place. (ISA-L has no fused copy + CRC32c: the framer copies 8 KiB,
 //    then runs the CRC over those 8 KiB while they are in L1.) A QP frames
 //    at most kStagedOctetsUnsent of such copies ahead of sendmsg, and a
 //    slot gives its staging buffer back to the thread's pool as soon as
@@ -127,8 +127,8 @@ class QpTx {
     kTerminate,         // the Terminate: nothing may follow it
   };
 
-  // A buffer for a Read Response's payload copy. Not zero-filled: the copy
-  // overwrites every octet it sends.
+  // A buffer for a Read Response FPDU framed over a copy of its payload.
+  // Not zero-filled: the framer writes every octet it sends.
   struct StagingBuffer {
     std::unique_ptr<std::uint8_t[]> octets;
     std::size_t capacity = 0;
@@ -139,7 +139,7 @@ class QpTx {
   struct Slot {
     mpa::FpduFrame frame;
     std::array<std::uint8_t, 80> header{};  // ULPDU header; a whole Terminate ULPDU fits
-    // A Read Response's payload, copied when CRC is on (see above): taken
+    // A Read Response's FPDU, copied when CRC is on (see above): taken
     // from the thread's staging pool when framed, given back when sendmsg
     // has taken the whole FPDU or the FPDU is dropped (ReturnStaging).
     StagingBuffer staging;
@@ -208,8 +208,8 @@ class QpTx {
   static std::vector<StagingBuffer>& StagingPool();
   // Octets of the buffers in this thread's StagingPool.
   static std::size_t& PooledStagingOctets();
-  // Frames the slot's FPDU; with `copy_to`, over a copy of the payload made
-  // there (FpduFramer::FrameCopy).
+  // Frames the slot's FPDU; with `copy_to`, the whole FPDU is laid out
+  // there over a copy of the payload (FpduFramer::FrameCopy).
   bool FrameInto(Slot& slot, std::size_t header_length, std::span<const ByteSpan> payload,
                  std::uint8_t* copy_to = nullptr);
   // Fills slot sources + refs for [offset, offset + length) of the current
@@ -217,7 +217,7 @@ class QpTx {
   bool GatherPayload(Slot& slot, std::uint64_t offset, std::size_t length,
                      std::array<ByteSpan, kMaxSge>& pieces, std::size_t& piece_count,
                      AccessStatus& failure);
-  // A staging buffer for a Read Response copy of `octets`, held by `slot`
+  // A staging buffer for a Read Response FPDU of `octets`, held by `slot`
   // until ReturnStaging.
   std::uint8_t* StagingFor(Slot& slot, std::size_t octets);
   // Gives the slot's staging buffer (if any) back to the thread's pool.

@@ -124,28 +124,35 @@ FrameStatus FpduFramer::FrameImpl(ByteSpan ulpdu_header, std::span<const ByteSpa
       if (use_markers) before_marker -= n;
     }
   };
-  const std::size_t payload_length = ulpdu_length - ulpdu_header.size();
-  emit(out.length_field_.data(), out.length_field_.size());
-  emit(ulpdu_header.data(), ulpdu_header.size());
-  if (copy_to != nullptr) {
-    emit(copy_to, payload_length);  // filled below, before anything reads it
-  } else {
+  std::uint8_t* crc_field = out.trailer_.data() + pad;
+  std::uint8_t* copied_payload = nullptr;
+  if (copy_to == nullptr) {
+    emit(out.length_field_.data(), out.length_field_.size());
+    emit(ulpdu_header.data(), ulpdu_header.size());
     for (ByteSpan piece : payload) emit(piece.data(), piece.size());
+    emit(out.trailer_.data(), pad + kCrcSize);
+  } else {
+    // The whole unmarked FPDU in one buffer: without markers it is one
+    // slice, one iovec for sendmsg instead of four.
+    std::memcpy(copy_to, out.length_field_.data(), kUlpduLengthSize);
+    if (!ulpdu_header.empty()) {
+      std::memcpy(copy_to + kUlpduLengthSize, ulpdu_header.data(), ulpdu_header.size());
+    }
+    copied_payload = copy_to + kUlpduLengthSize + ulpdu_header.size();
+    crc_field = copy_to + unmarked - kCrcSize;
+    std::memset(crc_field - pad, 0, pad + kCrcSize);
+    emit(copy_to, unmarked);  // the payload is copied below, before anything reads it
   }
-  emit(out.trailer_.data(), pad + kCrcSize);
 
   // Without markers the CRC covers length field, header, payload and pad in
   // that order, so the copy can feed it chunk by chunk, each chunk small
   // enough to stay in L1 between the copy and the CRC.
   const bool fused = copy_to != nullptr && config_.crc_enabled && !use_markers;
   Crc32c running;
-  if (fused) {
-    running.Update(ByteSpan(out.length_field_.data(), out.length_field_.size()));
-    running.Update(ulpdu_header);
-  }
+  if (fused) running.Update(ByteSpan(copy_to, copied_payload - copy_to));
   if (copy_to != nullptr) {
     constexpr std::size_t kChunk = 8192;
-    std::uint8_t* at = copy_to;
+    std::uint8_t* at = copied_payload;
     for (ByteSpan piece : payload) {
       for (std::size_t done = 0; done < piece.size();) {
         const std::size_t n = std::min(kChunk, piece.size() - done);
@@ -159,10 +166,10 @@ FrameStatus FpduFramer::FrameImpl(ByteSpan ulpdu_header, std::span<const ByteSpa
 
   // Otherwise the CRC covers the FPDU as it goes out, markers included (see
   // mpa_markers.h), so it is computed over the slices in wire order. The
-  // CRC field's slices point at trailer_, filled in below.
+  // CRC field's slice is filled in below.
   std::uint32_t crc = 0;
   if (fused) {
-    running.Update(ByteSpan(out.trailer_.data(), pad));
+    running.Update(ByteSpan(crc_field - pad, pad));
     crc = running.Value();
   } else if (config_.crc_enabled) {
     std::size_t left = crc_field_at;
@@ -174,7 +181,7 @@ FrameStatus FpduFramer::FrameImpl(ByteSpan ulpdu_header, std::span<const ByteSpa
     }
     crc = running.Value();
   }
-  Crc32cToWire(crc, out.trailer_.data() + pad);
+  Crc32cToWire(crc, crc_field);
   out.crc_ = crc;
 
   grid_offset_ = AdvanceGridOffset(grid_offset_, out.wire_length_);

@@ -89,9 +89,10 @@ enum class FrameStatus : std::uint8_t {
 // One framed FPDU: the scatter list that puts it on the wire, and the octets
 // of it that belong to no caller (ULPDU_Length, markers, pad, CRC).
 //
-// The ULPDU header and payload are referenced, never copied: they must stay
-// alive and unchanged until the scatter list has been sent (the CRC was
-// computed over them at framing time). The scatter list points into this
+// The ULPDU header and payload are referenced, never copied (except by
+// FrameCopy, into the caller's buffer): they must stay alive and unchanged
+// until the scatter list has been sent (the CRC was computed over them at
+// framing time). The scatter list points into this
 // object, which is therefore neither copyable nor movable. Keep one per FPDU
 // in flight; the whole object is fixed-size (no heap).
 class FpduFrame {
@@ -150,11 +151,13 @@ class FpduFramer {
   // pieces (empty pieces are skipped). On kOk `out` holds the FPDU and the
   // grid position has advanced; otherwise `out` is empty and nothing changed.
   FrameStatus Frame(ByteSpan ulpdu_header, std::span<const ByteSpan> payload, FpduFrame& out);
-  // The same, but the payload is first copied, in order, to `copy_to` (room
-  // for all of it), and the frame points at the copy instead of the pieces.
+  // The same, but the whole unmarked FPDU (ULPDU_Length, header, payload,
+  // pad, CRC) is laid out in `copy_to`, which has room for
+  // UnmarkedFpduLength(header + payload) octets, and the frame points at it
+  // instead of the pieces: a later change to a piece changes nothing sent.
   // The CRC is computed over the copy a few KiB at a time, right behind the
   // copy, so it reads octets still in the L1 cache instead of a second pass
-  // over memory. Nothing is copied when the frame is refused.
+  // over memory. Nothing is written when the frame is refused.
   FrameStatus FrameCopy(ByteSpan ulpdu_header, std::span<const ByteSpan> payload,
                         std::uint8_t* copy_to, FpduFrame& out);
 

@@ -183,10 +183,19 @@ TEST(FpduFramer, FrameCopySendsTheSameFpduFromTheCopy) {
       SCOPED_TRACE(testing::Message() << "crc " << crc << " markers " << markers);
       FpduFramer framer({.crc_enabled = crc, .markers_enabled = markers,
                          .marker_grid_offset = 100});
-      Bytes copy(a.size() + b.size() + c.size(), 0xEE);
+      Bytes copy(UnmarkedFpduLength(ulpdu.size()), 0xEE);
       FpduFrame frame;
       ASSERT_EQ(framer.FrameCopy(header, payload, copy.data(), frame), FrameStatus::kOk);
-      EXPECT_EQ(copy, Concat(Concat(a, b), c));
+      // The whole unmarked FPDU is laid out in the copy (with markers, its
+      // CRC field holds the CRC over the marked FPDU, RFC 5044 4.3, 4.4); without
+      // markers it is the one slice (one iovec for sendmsg).
+      const Bytes unmarked = reference::UnmarkedFpdu(ulpdu, crc);
+      EXPECT_TRUE(std::equal(copy.begin(), copy.end() - kCrcSize, unmarked.begin()));
+      if (!markers) {
+        EXPECT_EQ(copy, unmarked);
+        ASSERT_EQ(frame.slices().size(), 1u);
+        EXPECT_EQ(frame.slices()[0].base, copy.data());
+      }
       for (const IoSlice& slice : frame.slices()) {
         for (const Bytes* piece : std::array<const Bytes*, 3>{&a, &b, &c}) {
           EXPECT_FALSE(slice.base >= piece->data() && slice.base < piece->data() + piece->size())
@@ -204,14 +213,27 @@ TEST(FpduFramer, FrameCopySendsTheSameFpduFromTheCopy) {
   }
 }
 
-TEST(FpduFramer, FrameCopyWithoutPayloadCopiesNothing) {
+TEST(FpduFramer, FrameCopyWithoutPayloadLaysOutHeaderPadAndCrc) {
   const Bytes header = Pattern(28, 34);
   FpduFramer framer({.crc_enabled = true});
   FpduFrame frame;
-  std::uint8_t guard = 0x5A;
-  ASSERT_EQ(framer.FrameCopy(header, {}, &guard, frame), FrameStatus::kOk);
-  EXPECT_EQ(guard, 0x5A);
-  EXPECT_EQ(Flatten(frame.slices()), reference::UnmarkedFpdu(header, true));
+  Bytes copy(UnmarkedFpduLength(header.size()) + 1, 0x5A);
+  ASSERT_EQ(framer.FrameCopy(header, {}, copy.data(), frame), FrameStatus::kOk);
+  EXPECT_EQ(copy.back(), 0x5A);  // nothing past the FPDU
+  copy.pop_back();
+  EXPECT_EQ(copy, reference::UnmarkedFpdu(header, true));
+  EXPECT_EQ(Flatten(frame.slices()), copy);
+}
+
+TEST(FpduFramer, RefusedFrameCopyWritesNothing) {
+  const Bytes header = Pattern(14, 35);
+  const Bytes big = Pattern(kMaxUlpduLength, 36);
+  const ByteSpan payload[] = {big};
+  FpduFramer framer({.crc_enabled = true});
+  FpduFrame frame;
+  Bytes copy(16, 0x5A);
+  ASSERT_EQ(framer.FrameCopy(header, payload, copy.data(), frame), FrameStatus::kUlpduTooLong);
+  EXPECT_EQ(copy, Bytes(16, 0x5A));
 }
 
 TEST(FpduFramer, ScatterListReferencesCallerMemoryWithoutCopying) {
