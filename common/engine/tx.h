@@ -11,9 +11,11 @@
 // starting at 1 (RFC 5040 4.1, 5.1-5.4).
 //
 // Batching: up to `slot_count` FPDUs are framed ahead; one sendmsg writes
-// all of them (bounded by IOV_MAX slices). After a partial write the rest of
-// each FPDU is sent exactly as framed. With CRC on, the CRC is computed at
-// framing time, so it must cover exactly the octets sendmsg later reads:
+// all of them (bounded by IOV_MAX iovecs; transport::SendList copies the
+// short slices between two payloads into one). After a partial write the
+// rest of each FPDU is sent exactly as framed. With CRC on, the CRC is
+// computed at framing time, so it must cover exactly the octets sendmsg
+// later reads:
 //  - Send and Write payload is sent straight from the WR's buffers: verbs
 //    forbids changing a posted WR's buffers until it completes, so what the
 //    CRC covered is what goes out (an application that breaks that rule
@@ -23,13 +25,14 @@
 //    reader then sees some mix of old and new octets, which verbs allows).
 //    So with CRC on it is copied into a staging buffer, where the whole
 //    FPDU is laid out (one iovec), and the CRC computed over the copy;
-//    without CRC nothing checks it and it is sent in place. (ISA-L has no fused copy + CRC32c: the framer copies 8 KiB,
-//    then runs the CRC over those 8 KiB while they are in L1.) A QP frames
-//    at most kStagedOctetsUnsent of such copies ahead of sendmsg, and a
-//    slot gives its staging buffer back to the thread's pool as soon as
-//    sendmsg has taken the FPDU, so the next copy goes into a buffer the
-//    kernel has just read, still in L2, and sendmsg reads the copy from L2
-//    too, instead of both walking a ring of a whole batch (2 MiB).
+//    without CRC nothing checks it and it is sent in place. (ISA-L has no
+//    fused copy + CRC32c: the framer copies 8 KiB, then runs the CRC over
+//    those 8 KiB while they are in L1.) A QP frames at most
+//    kStagedOctetsUnsent of such copies ahead of sendmsg, and a slot gives
+//    its staging buffer back to the thread's pool as soon as sendmsg has
+//    taken the FPDU, so the next copy goes into a buffer the kernel has
+//    just read, still in L2, and sendmsg reads the copy from L2 too,
+//    instead of both walking a ring of a whole batch (2 MiB).
 // Payload pieces still in registered memory are re-checked against the
 // STag table before every sendmsg that reads them and their RegionRefs are
 // dropped before the gate holder returns, so a Deregister never waits for
