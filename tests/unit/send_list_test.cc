@@ -6,8 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <random>
+#include <span>
 #include <vector>
 
 namespace siwx::transport {
@@ -31,36 +33,36 @@ std::vector<std::uint8_t> Pattern(std::size_t n, std::uint8_t seed) {
 // The lists are 32 KiB: on the heap, as the engine keeps them.
 std::unique_ptr<SendList> NewList() { return std::make_unique<SendList>(); }
 
+// Adds each slice whole to `list`; returns their concatenation, the octets
+// the list must gather for them.
+std::vector<std::uint8_t> AddEach(SendList& list,
+                                  std::initializer_list<std::span<const std::uint8_t>> slices) {
+  std::vector<std::uint8_t> added;
+  for (std::span<const std::uint8_t> slice : slices) {
+    EXPECT_TRUE(list.Add(slice.data(), slice.size()));
+    added.insert(added.end(), slice.begin(), slice.end());
+  }
+  return added;
+}
+
 TEST(SendList, SmallSlicesAreCopiedIntoOneIovec) {
   // An FPDU's trailer, then the next FPDU's ULPDU_Length and header.
   const auto trailer = Pattern(6, 1), length = Pattern(2, 2), header = Pattern(14, 3);
   auto list = NewList();
-  ASSERT_TRUE(list->Add(trailer.data(), trailer.size()));
-  ASSERT_TRUE(list->Add(length.data(), length.size()));
-  ASSERT_TRUE(list->Add(header.data(), header.size()));
+  const auto expected = AddEach(*list, {trailer, length, header});
   ASSERT_EQ(list->iovecs().size(), 1u);
   EXPECT_EQ(list->octets(), 22u);
-  std::vector<std::uint8_t> expected = trailer;
-  expected.insert(expected.end(), length.begin(), length.end());
-  expected.insert(expected.end(), header.begin(), header.end());
   EXPECT_EQ(Gathered(*list), expected);
 }
 
 TEST(SendList, LargeSlicesAreReferencedAndSmallOnesAroundThemCopied) {
   const auto head = Pattern(16, 1), payload = Pattern(1428, 2), trailer = Pattern(4, 3);
   auto list = NewList();
-  ASSERT_TRUE(list->Add(head.data(), head.size()));
-  ASSERT_TRUE(list->Add(payload.data(), payload.size()));
-  ASSERT_TRUE(list->Add(trailer.data(), trailer.size()));
-  ASSERT_TRUE(list->Add(head.data(), head.size()));
+  const auto expected = AddEach(*list, {head, payload, trailer, head});
   ASSERT_EQ(list->iovecs().size(), 3u);
   EXPECT_NE(list->iovecs()[0].iov_base, head.data());
   EXPECT_EQ(list->iovecs()[1].iov_base, payload.data());
   EXPECT_EQ(list->iovecs()[2].iov_len, trailer.size() + head.size());
-  std::vector<std::uint8_t> expected = head;
-  expected.insert(expected.end(), payload.begin(), payload.end());
-  expected.insert(expected.end(), trailer.begin(), trailer.end());
-  expected.insert(expected.end(), head.begin(), head.end());
   EXPECT_EQ(Gathered(*list), expected);
 }
 
@@ -101,18 +103,16 @@ TEST(SendList, SmallSlicesAreReferencedOnceTheCopiedOctetsRunOut) {
   std::vector<std::uint8_t> expected;
   const std::size_t copies = SendList::kCopiedOctets / small.size();
   for (std::size_t i = 0; i < copies; ++i) {
-    ASSERT_TRUE(list->Add(small.data(), small.size()));
-    ASSERT_TRUE(list->Add(large.data(), large.size()));
-    expected.insert(expected.end(), small.begin(), small.end());
-    expected.insert(expected.end(), large.begin(), large.end());
+    const auto added = AddEach(*list, {small, large});
+    expected.insert(expected.end(), added.begin(), added.end());
   }
   for (const iovec& v : list->iovecs()) {
     if (v.iov_len == small.size()) {
       EXPECT_NE(v.iov_base, small.data());
     }
   }
-  ASSERT_TRUE(list->Add(small.data(), small.size()));
-  expected.insert(expected.end(), small.begin(), small.end());
+  const auto added = AddEach(*list, {small});
+  expected.insert(expected.end(), added.begin(), added.end());
   EXPECT_EQ(list->iovecs().back().iov_base, small.data());
   EXPECT_EQ(Gathered(*list), expected);
 }
