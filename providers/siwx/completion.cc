@@ -209,6 +209,7 @@ ibv_cq* CreateCq(ibv_context* ibctx, int cqe, ibv_comp_channel* ibchannel,
 
 int DestroyCq(ibv_cq* ibcq) noexcept {
   Cq* cq = ToSiwx(ibcq);
+  if (Inherited(cq->context)) return 0;  // forgotten (provider.h, fork())
   if (cq->users.load() != 0) return EBUSY;  // ibv_destroy_cq(3): QPs still use it
   delete cq->queue;
   cq->queue = nullptr;

@@ -360,6 +360,9 @@ int QueryPort(ibv_context* context, std::uint8_t port_num, ibv_port_attr* attr) 
 void FreeContext(ibv_context* ibctx) noexcept {
   Context* context = ToSiwx(ibctx);
   ContextState* state = context->state;
+  // Forgotten in a child of fork() (provider.h): stopping the engine would
+  // join threads that are the parent's.
+  if (state != nullptr && Inherited(context)) return;
   if (state != nullptr) {
     Device* device = state->device;
     {

@@ -115,6 +115,7 @@ ibv_pd* AllocPd(ibv_context* ibctx) noexcept {
 int DeallocPd(ibv_pd* ibpd) noexcept {
   Pd* pd = ToSiwx(ibpd);
   Context* context = ToSiwx(ibpd->context);
+  if (Inherited(context)) return 0;  // forgotten (provider.h, fork())
   if (pd->users.load() != 0) return EBUSY;  // SRQs or QPs still in it
   engine::PdStatus status;
   try {
@@ -202,6 +203,7 @@ ibv_mr* RegMr(ibv_pd* ibpd, void* addr, std::size_t length, std::uint64_t iova,
 
 int DeregMr(pabi::verbs_mr* vmr) noexcept {
   Context* context = ToSiwx(vmr->mr.context);
+  if (Inherited(context)) return 0;  // forgotten (provider.h, fork())
   engine::DeregisterStatus status;
   try {
     status = context->state->memory().Deregister(vmr->mr.lkey);

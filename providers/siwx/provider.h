@@ -305,6 +305,13 @@ Qp* FindQp(Context* context, std::uint32_t qp_num);
 // none of the engine's threads. ForkGeneration() counts the forks this
 // process descends from; posting, polling and the stream handover on a
 // context opened before the latest one are refused with EPERM.
+//
+// Destroying an inherited object (ibv_dereg_mr, ibv_destroy_qp, _cq, _srq,
+// ibv_dealloc_pd, ibv_close_device) succeeds at once and only forgets it:
+// its engine state may be mid-operation in a thread the child does not
+// have (a region held for a copy, a lock taken, a command never served), so
+// the child takes no engine lock and waits for no engine thread. Its memory
+// is the child's copy and goes when the child exits or execs.
 std::uint32_t ForkGeneration();
 inline bool Inherited(const Context* context) {
   return context->state->fork_generation != ForkGeneration();

@@ -629,6 +629,7 @@ int QueryQp(ibv_qp* ibqp, ibv_qp_attr* attr, int /*attr_mask*/,
 
 int DestroyQp(ibv_qp* ibqp) noexcept {
   Qp* qp = ToSiwx(ibqp);
+  if (Inherited(qp->context)) return 0;  // forgotten (provider.h, fork())
   ContextState* state = qp->context->state;
   {
     std::lock_guard<std::mutex> lock(state->qp_mutex);

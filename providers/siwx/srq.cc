@@ -118,6 +118,7 @@ int QuerySrq(ibv_srq* ibsrq, ibv_srq_attr* attr) noexcept {
 
 int DestroySrq(ibv_srq* ibsrq) noexcept {
   Srq* srq = ToSiwx(ibsrq);
+  if (Inherited(srq->context)) return 0;  // forgotten (provider.h, fork())
   if (srq->users.load() != 0) return EBUSY;
   delete srq->queue;  // no QP uses it, so no engine thread takes from it
   srq->queue = nullptr;
